@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root and installs rlvr into it, once. Sourced by ./rlvr and ./run-tests.
+# torch is pinned to the CPU build (torch==2.13.0); an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.rlvr-installed"
+if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "rlvr: creating $VENV" >&2
+    python3 -m venv "$VENV"
+fi
+# Reinstall when pyproject.toml changed since the last install.
+if [[ ! -f "$STAMP" || "$ROOT/pyproject.toml" -nt "$STAMP" ]]; then
+    echo "rlvr: installing rlvr and its dependencies into $VENV (first use takes a few minutes)" >&2
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]"
+    touch "$STAMP"
+fi

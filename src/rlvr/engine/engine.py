@@ -1,0 +1,384 @@
+"""The engine: one worker thread that owns every loaded model and runs every request in submission order.
+
+Clients (``rlvr.client``) turn each Tinker call into a job on this thread and hand back a future. Because all jobs
+run one after another, a ``forward_backward`` followed by an ``optim_step`` always happens in that order, even when
+both were submitted before either was awaited, and an adapter switch can never race a running request.
+
+Each base model is loaded once per process and shared: every training client is one LoRA adapter on it, and every
+sampler snapshot is one more frozen adapter (see ``lora.py``).
+
+Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``losses.py``), sampling (``sampler.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tinker import types
+from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
+
+from rlvr.engine import checkpoint
+from rlvr.engine.batch import CheckedDatum, check_data, microbatches, model_input_tokens, pad
+from rlvr.engine.lora import AdapterHost, LoraSpec
+from rlvr.engine.losses import resolve_loss
+from rlvr.engine.models import canonical_name, load_base_model
+from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
+from rlvr.engine.sampler import resolve_params, sample
+from rlvr.errors import CheckpointError, InvalidDatumError, SamplingError
+
+CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass
+class Trainer:
+    """The state behind one TrainingClient."""
+
+    run_id: str
+    """Names this run's checkpoints: rlvr://<run_id>/..."""
+    host: AdapterHost
+    """The base model the adapter sits on."""
+    adapter: str
+    """The adapter's name in ``host``."""
+    spec: LoraSpec
+    """What the adapter adapts."""
+    seed: int
+    """The seed its LoRA weights were drawn from."""
+    optimizer: torch.optim.AdamW
+    """AdamW over the adapter's parameters, in ``host.parameters(adapter)`` order."""
+    step: int = 0
+    """Optimizer steps taken."""
+
+
+@dataclass
+class SamplerHandle:
+    """What a SamplingClient samples from: a base model and an adapter (None: the base model itself)."""
+
+    host: AdapterHost
+    adapter: str | None
+    model_path: str | None
+    rng: torch.Generator = field(default_factory=torch.Generator)
+
+
+class Engine:
+    """Loads models and runs training and sampling requests, one at a time, on its own thread."""
+
+    _default: Engine | None = None
+    _default_lock = threading.Lock()
+
+    def __init__(self, max_tokens_per_microbatch: int = 4096) -> None:
+        self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-engine")
+        self._hosts: dict[str, AdapterHost] = {}
+        self._names = itertools.count()
+        self._snapshots: dict[str, tuple[AdapterHost, str]] = {}  # sampler path -> adapter holding it
+        self._snapshot_refs: dict[str, int] = {}
+
+    @classmethod
+    def default(cls) -> Engine:
+        """The process-wide engine that ServiceClients share, so each base model is loaded once."""
+        with cls._default_lock:
+            if cls._default is None:
+                cls._default = cls()
+            return cls._default
+
+    # -- running jobs ---------------------------------------------------------------------------------------------
+
+    def submit(self, fn: Callable, *args, **kwargs) -> AwaitableConcurrentFuture:
+        """Queue ``fn(*args, **kwargs)`` behind every earlier job; a future of its result."""
+        return AwaitableConcurrentFuture(self._executor.submit(fn, *args, **kwargs))
+
+    def run(self, fn: Callable, *args, **kwargs):
+        """Queue a job and wait for it."""
+        return self._executor.submit(fn, *args, **kwargs).result()
+
+    # -- models ---------------------------------------------------------------------------------------------------
+
+    def host(self, base_model: str) -> AdapterHost:
+        name = canonical_name(base_model)
+        if name not in self._hosts:
+            self._hosts[name] = AdapterHost(load_base_model(name))
+        return self._hosts[name]
+
+    def _new_adapter_name(self, kind: str) -> str:
+        return f"{kind}_{next(self._names)}"
+
+    def create_trainer(self, base_model: str, spec: LoraSpec, seed: int | None) -> Trainer:
+        host = self.host(base_model)
+        seed = secrets.randbelow(2**31) if seed is None else int(seed)
+        adapter = self._new_adapter_name("train")
+        host.add(adapter, spec, seed)
+        optimizer = make_optimizer(list(host.parameters(adapter).values()))
+        return Trainer(f"run-{uuid.uuid4().hex[:12]}", host, adapter, spec, seed, optimizer)
+
+    # -- forward / backward ---------------------------------------------------------------------------------------
+
+    def _logprobs(self, trainer: Trainer, data: list[CheckedDatum]) -> list[torch.Tensor]:
+        """log p(target_t | input_<=t) for each datum, (T_i,) each, differentiable when grad is enabled."""
+        tokenizer = trainer.host.base.tokenizer
+        input_ids = pad([d.input_ids for d in data], tokenizer.pad_token_id)  # (B, T)
+        attention_mask = pad([torch.ones_like(d.input_ids) for d in data], 0)  # (B, T)
+        targets = pad([d.targets for d in data], 0)  # (B, T)
+        with trainer.host.active(trainer.adapter) as model:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
+        logprobs = -F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
+        return [logprobs[i, : len(d.input_ids)] for i, d in enumerate(data)]
+
+    def forward(
+        self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: str, loss_fn_config: dict | None, backward: bool
+    ) -> types.ForwardBackwardOutput:
+        spec, config = resolve_loss(loss_fn, loss_fn_config)
+        checked = check_data(data, spec.inputs, self._vocab_size(trainer.host))
+        outputs: list[torch.Tensor] = [torch.empty(0)] * len(checked)
+        metrics: list[tuple[dict[str, float], int]] = []
+        params = list(trainer.host.parameters(trainer.adapter).values())
+        saved_grads = [None if p.grad is None else p.grad.clone() for p in params]
+        try:
+            for group in microbatches(checked, self.max_tokens_per_microbatch):
+                batch = [checked[i] for i in group]
+                with torch.set_grad_enabled(backward):
+                    logprobs = self._logprobs(trainer, batch)
+                    flat = torch.cat(logprobs)
+                    inputs = [torch.cat([d.inputs[k] for d in batch]) for k in spec.inputs]
+                    loss, group_metrics = spec.fn(flat, *inputs, **config)
+                if not torch.isfinite(loss):
+                    raise InvalidDatumError(f"loss_fn={loss_fn!r} gave a non-finite loss ({loss.item()}); no "
+                                            "gradient was applied. Check the advantages and logprobs for extremes")
+                if backward:
+                    loss.backward()
+                metrics.append((group_metrics, len(flat)))
+                for i, lp in zip(group, logprobs, strict=True):
+                    outputs[i] = lp.detach()
+        except BaseException:
+            for p, grad in zip(params, saved_grads, strict=True):  # A failed call leaves the gradients as they were.
+                p.grad = grad
+            raise
+        return _output(outputs, _reduce(metrics))
+
+    def forward_backward_custom(
+        self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: CustomLossFn
+    ) -> types.ForwardBackwardOutput:
+        checked = check_data(data, (), self._vocab_size(trainer.host), allow_extra=True)
+        logprobs = self._logprobs(trainer, checked)
+        result = loss_fn(list(data), logprobs)
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
+            raise InvalidDatumError("a custom loss_fn must return (loss: torch.Tensor scalar, metrics: dict)")
+        loss, user_metrics = result
+        if loss.dim() != 0 or not torch.isfinite(loss):
+            raise InvalidDatumError(f"a custom loss_fn must return a finite scalar, got shape {tuple(loss.shape)} "
+                                    f"value {loss.detach().flatten()[:3].tolist()}")
+        loss.backward()
+        return _output([lp.detach() for lp in logprobs], {"loss:sum": loss.item(), **dict(user_metrics)})
+
+    def optim_step(self, trainer: Trainer, adam: types.AdamParams) -> types.OptimStepResponse:
+        check_adam_params(adam)
+        metrics = adam_step(trainer.optimizer, adam)
+        trainer.step += 1
+        return types.OptimStepResponse(metrics=metrics)
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+
+    def _adapter_files(self, trainer: Trainer) -> dict[str, object]:
+        host, adapter = trainer.host, trainer.adapter
+        peft_config = host.peft_config(adapter).to_dict()
+        peft_config = {k: sorted(v) if isinstance(v, set) else v for k, v in peft_config.items()}
+        peft_config["base_model_name_or_path"] = host.base.name
+        meta = {
+            "format_version": checkpoint.FORMAT_VERSION,
+            "base_model": host.base.name,
+            "lora": trainer.spec.to_dict(),
+            "seed": trainer.seed,
+            "step": trainer.step,
+            "run_id": trainer.run_id,
+            "param_names": [n.replace(f".{adapter}.", ".") for n in host.parameters(adapter)],
+        }
+        return {"adapter_model.safetensors": host.state_dict(adapter), "adapter_config.json": peft_config,
+                "rlvr.json": meta}
+
+    def save_state(self, trainer: Trainer, name: str) -> types.SaveWeightsResponse:
+        path = checkpoint.make_path(trainer.run_id, "weights", name)
+        files = self._adapter_files(trainer)
+        files["optimizer.pt"] = trainer.optimizer.state_dict()
+        files["rng.pt"] = {"torch": torch.get_rng_state()}
+        checkpoint.write(path, files)
+        return types.SaveWeightsResponse(path=path)
+
+    def load_state(self, trainer: Trainer, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
+        folder, meta = checkpoint.read_meta(path)
+        if canonical_name(meta["base_model"]) != trainer.host.base.name:
+            raise CheckpointError(f"checkpoint {path!r} was trained on {meta['base_model']!r}, this client is on "
+                                  f"{trainer.host.base.name!r}")
+        if LoraSpec(**meta["lora"]) != trainer.spec:
+            raise CheckpointError(f"checkpoint {path!r} has LoRA {meta['lora']}, this client {trainer.spec.to_dict()}; "
+                                  "use ServiceClient.create_training_client_from_state to get a matching client")
+        optimizer_state = checkpoint.read_torch(folder, "optimizer.pt", path) if with_optimizer else None
+        rng = checkpoint.read_torch(folder, "rng.pt", path) if with_optimizer else None
+        trainer.host.load_state_dict(trainer.adapter, checkpoint.read_adapter(folder))
+        trainer.optimizer = make_optimizer(list(trainer.host.parameters(trainer.adapter).values()))
+        trainer.step = 0
+        if with_optimizer:
+            trainer.optimizer.load_state_dict(optimizer_state)  # type: ignore[arg-type]
+            torch.set_rng_state(rng["torch"])  # type: ignore[index]
+            trainer.step = int(meta["step"])
+        return types.LoadWeightsResponse(path=path)
+
+    def trainer_from_state(self, path: str, with_optimizer: bool) -> Trainer:
+        _, meta = checkpoint.read_meta(path)
+        trainer = self.create_trainer(meta["base_model"], LoraSpec(**meta["lora"]), meta["seed"])
+        self.load_state(trainer, path, with_optimizer)
+        return trainer
+
+    # -- samplers -------------------------------------------------------------------------------------------------
+
+    def save_for_sampler(self, trainer: Trainer, name: str | None) -> str:
+        """Snapshot the adapter for sampling (in memory; also on disk when named) and return its path."""
+        path = checkpoint.make_path(trainer.run_id, "sampler_weights", name or f"ephemeral-{next(self._names)}")
+        if name is not None:
+            checkpoint.write(path, self._adapter_files(trainer))
+        snapshot = self._new_adapter_name("sampler")
+        trainer.host.copy(trainer.adapter, snapshot)
+        self._snapshots[path] = (trainer.host, snapshot)
+        self._snapshot_refs.setdefault(path, 0)
+        return path
+
+    def sampler(self, model_path: str | None, base_model: str | None) -> SamplerHandle:
+        """Resolve what a new SamplingClient samples from, loading a saved adapter when needed."""
+        if model_path is None:
+            if base_model is None:
+                raise SamplingError("create_sampling_client needs model_path (a saved sampler checkpoint) or "
+                                    "base_model (to sample the untrained model)")
+            return SamplerHandle(self.host(base_model), None, None)
+        if model_path not in self._snapshots:
+            folder, meta = checkpoint.read_meta(model_path)
+            host = self.host(meta["base_model"])
+            snapshot = self._new_adapter_name("sampler")
+            host.add(snapshot, LoraSpec(**meta["lora"]), seed=0)
+            host.load_state_dict(snapshot, checkpoint.read_adapter(folder))
+            self._snapshots[model_path] = (host, snapshot)
+            self._snapshot_refs.setdefault(model_path, 0)
+        host, snapshot = self._snapshots[model_path]
+        self._snapshot_refs[model_path] += 1
+        return SamplerHandle(host, snapshot, model_path)
+
+    def release_sampler(self, model_path: str) -> None:
+        """Drop a snapshot's adapter when no SamplingClient uses it any more (it reloads from disk if named)."""
+        if model_path not in self._snapshot_refs:
+            return
+        self._snapshot_refs[model_path] -= 1
+        if self._snapshot_refs[model_path] <= 0:
+            host, snapshot = self._snapshots.pop(model_path)
+            del self._snapshot_refs[model_path]
+            host.delete(snapshot)
+
+    def release_sampler_later(self, model_path: str) -> None:
+        """Queue ``release_sampler`` (called when a SamplingClient is garbage-collected, from any thread)."""
+        try:
+            self._executor.submit(self.release_sampler, model_path)
+        except RuntimeError:  # The interpreter is shutting down; nothing left to free.
+            pass
+
+    def sample(
+        self,
+        handle: SamplerHandle,
+        prompt: types.ModelInput,
+        num_samples: int,
+        params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+    ) -> types.SampleResponse:
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise SamplingError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if not isinstance(params, types.SamplingParams):
+            raise SamplingError(f"sampling_params must be a tinker SamplingParams, got {type(params).__name__}")
+        tokens = model_input_tokens(prompt, self._vocab_size(handle.host), "prompt")
+        if not tokens:
+            raise SamplingError("prompt is empty; give at least one token")
+        base = handle.host.base
+        settings = resolve_params(params, len(tokens), _context_len(base.model), _eos_ids(base))
+        generator = torch.Generator().manual_seed(
+            params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=handle.rng)))
+        with handle.host.active(handle.adapter) as model:
+            sequences = sample(model, tokens, num_samples, settings, generator,
+                               lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False))
+            prompt_lps = self._prompt_logprobs(model, tokens) if include_prompt_logprobs else None
+        return types.SampleResponse(
+            sequences=[
+                types.SampledSequence(
+                    stop_reason=s.stop_reason,  # type: ignore[arg-type]
+                    sequence_id=uuid.uuid4().hex,
+                    tokens_np=np.asarray(s.tokens, dtype=np.int32),
+                    logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
+                )
+                for s in sequences
+            ],
+            prompt_logprobs_np=None if prompt_lps is None else np.asarray(prompt_lps, dtype=np.float32),
+        )
+
+    def compute_logprobs(self, handle: SamplerHandle, prompt: types.ModelInput) -> list[float | None]:
+        tokens = model_input_tokens(prompt, self._vocab_size(handle.host), "prompt")
+        with handle.host.active(handle.adapter) as model:
+            values = self._prompt_logprobs(model, tokens)
+        return [None, *values[1:].tolist()]
+
+    @torch.inference_mode()
+    def _prompt_logprobs(self, model: torch.nn.Module, tokens: list[int]) -> np.ndarray:
+        """log p(token_i | tokens_<i) for i >= 1, NaN at position 0."""
+        ids = torch.tensor([tokens])
+        logits = model(input_ids=ids).logits[0, :-1].float()  # (T-1, V)
+        values = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        return np.concatenate([[np.nan], values.numpy()]).astype(np.float32)
+
+    @staticmethod
+    def _vocab_size(host: AdapterHost) -> int:
+        return host.base.model.get_input_embeddings().num_embeddings
+
+
+def _context_len(model: torch.nn.Module) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 2048))
+
+
+def _eos_ids(base) -> list[int]:
+    ids = set()
+    if base.tokenizer.eos_token_id is not None:
+        ids.add(base.tokenizer.eos_token_id)
+    generation_eos = getattr(getattr(base.model, "generation_config", None), "eos_token_id", None)
+    if isinstance(generation_eos, int):
+        ids.add(generation_eos)
+    elif generation_eos:
+        ids.update(generation_eos)
+    return sorted(ids)
+
+
+def _reduce(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Combine per-microbatch metrics by their reduction suffix: sum, token-weighted mean, max, min."""
+    if len(parts) == 1:
+        return dict(parts[0][0])
+    total_tokens = sum(n for _, n in parts) or 1
+    out: dict[str, float] = {}
+    for key in parts[0][0]:
+        values = [(m[key], n) for m, n in parts]
+        reduction = key.rsplit(":", 1)[-1]
+        if reduction == "mean":
+            out[key] = sum(v * n for v, n in values) / total_tokens
+        elif reduction == "max":
+            out[key] = max(v for v, _ in values)
+        elif reduction == "min":
+            out[key] = min(v for v, _ in values)
+        else:
+            out[key] = sum(v for v, _ in values)
+    return out
+
+
+def _output(logprobs: list[torch.Tensor], metrics: dict[str, float]) -> types.ForwardBackwardOutput:
+    return types.ForwardBackwardOutput(
+        loss_fn_output_type="ArrayRecord",
+        loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp)} for lp in logprobs],
+        metrics=metrics,
+    )

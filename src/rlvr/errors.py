@@ -1,0 +1,56 @@
+"""The exceptions rlvr raises, one small hierarchy.
+
+Every error names the field or input at fault, the value it got, and what to do instead. Each class also
+subclasses the standard-library error it stands for, so ``except ValueError`` keeps working.
+
+    RlvrError
+    ├── ConfigurationError (ValueError)     a setting or argument that cannot work
+    │   └── UnknownLossError (KeyError)     a loss name not in the loss table
+    ├── InvalidDatumError (ValueError)      a Datum, ModelInput or tensor that does not fit the model or the loss
+    ├── ModelLoadError (RuntimeError)       a base model that cannot be found, fetched or converted
+    ├── CheckpointError (RuntimeError)      a checkpoint that cannot be written or read
+    │   └── CheckpointNotFoundError (FileNotFoundError)
+    ├── SamplingError (RuntimeError)        a sampler that cannot serve a request (stale weights, bad prompt)
+    └── SandboxError (RuntimeError)         the code sandbox could not run a job (not: the job failed its tests)
+"""
+
+from __future__ import annotations
+
+
+class RlvrError(Exception):
+    """Base class of every error rlvr raises on purpose."""
+
+
+class ConfigurationError(RlvrError, ValueError):
+    """A setting or argument that cannot work; the message names the field, the value and the fix."""
+
+
+class UnknownLossError(ConfigurationError, KeyError):
+    """A ``loss_fn`` name that is not in ``rlvr.engine.losses.LOSSES``."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidDatumError(RlvrError, ValueError):
+    """A training datum or prompt that does not fit the model or the loss."""
+
+
+class ModelLoadError(RlvrError, RuntimeError):
+    """A base model that cannot be found, fetched or converted."""
+
+
+class CheckpointError(RlvrError, RuntimeError):
+    """A checkpoint that cannot be written or read."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint path that does not exist."""
+
+
+class SamplingError(RlvrError, RuntimeError):
+    """A sampler that cannot serve a request."""
+
+
+class SandboxError(RlvrError, RuntimeError):
+    """The code sandbox could not run a job at all (distinct from a job that failed or timed out)."""

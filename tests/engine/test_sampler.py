@@ -1,0 +1,165 @@
+"""SamplingClient: logprobs agree with the trainer's, seeds reproduce, stops stop where they should."""
+
+import pytest
+import torch
+
+from datums import rl_datum
+from rlvr import types
+from rlvr.engine.sampler import DecodeSettings, choose_tokens
+from rlvr.errors import ConfigurationError, SamplingError
+
+
+def trainer_logprobs(tc, prompt, seq):
+    datum = rl_datum(prompt, seq.tokens, seq.logprobs, 0.0)
+    out = tc.forward([datum], "importance_sampling").result()
+    return out.loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:]
+
+
+@pytest.fixture(scope="module")
+def trained(service):
+    """A tiny LoRA client trained a few steps, so the adapter is not the identity."""
+    tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=11)
+    tokens = tc.get_tokenizer().encode("some text to move the adapter away from zero")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    for _ in range(3):
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2))
+    return tc
+
+
+def test_sampler_and_trainer_agree_on_sampled_tokens(trained):
+    sampler = trained.save_weights_and_get_sampling_client()
+    prompt = trained.get_tokenizer().encode("Hello")
+    result = sampler.sample(types.ModelInput.from_ints(prompt), 8,
+                            types.SamplingParams(max_tokens=24, temperature=1.0, seed=0)).result()
+    diffs = []
+    for seq in result.sequences:
+        assert len(seq.tokens) == len(seq.logprobs) > 0
+        diffs.append((trainer_logprobs(trained, prompt, seq) - torch.tensor(seq.logprobs)).abs())
+    mean_abs = torch.cat(diffs).mean().item()
+    assert mean_abs < 1e-3, mean_abs
+
+
+def test_logprobs_are_temperature_one_whatever_the_temperature(trained):
+    # The documented distribution: log p at temperature 1, so they still match the trainer at temperature 0.5.
+    sampler = trained.save_weights_and_get_sampling_client()
+    prompt = trained.get_tokenizer().encode("Hi")
+    seq = sampler.sample(types.ModelInput.from_ints(prompt), 1,
+                         types.SamplingParams(max_tokens=16, temperature=0.5, seed=1)).result().sequences[0]
+    assert (trainer_logprobs(trained, prompt, seq) - torch.tensor(seq.logprobs)).abs().max() < 1e-3
+
+
+def test_snapshot_is_frozen_while_training_goes_on(service):
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=12)
+    prompt = types.ModelInput.from_ints(tc.get_tokenizer().encode("frozen?"))
+    sampler = tc.save_weights_and_get_sampling_client()
+    before = sampler.compute_logprobs(prompt).result()
+    tokens = prompt.to_ints()
+    tc.forward_backward([types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                                     loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 6})],
+                        "cross_entropy")
+    tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    assert sampler.compute_logprobs(prompt).result() == before
+    assert tc.save_weights_and_get_sampling_client().compute_logprobs(prompt).result() != before
+
+
+def test_seeded_sampling_reproduces_and_seeds_differ(trained):
+    sampler = trained.save_weights_and_get_sampling_client()
+    prompt = types.ModelInput.from_ints(trained.get_tokenizer().encode("abc"))
+
+    def draw(seed):
+        params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=seed)
+        return [s.tokens for s in sampler.sample(prompt, 4, params).result().sequences]
+
+    assert draw(5) == draw(5)
+    assert draw(5) != draw(6)
+
+
+def test_greedy_is_argmax_of_trainer_logits(trained):
+    sampler = trained.save_weights_and_get_sampling_client()
+    prompt = trained.get_tokenizer().encode("xyz")
+    seqs = sampler.sample(types.ModelInput.from_ints(prompt), 3,
+                          types.SamplingParams(max_tokens=10, temperature=0.0, stop=[])).result().sequences
+    assert seqs[0].tokens == seqs[1].tokens == seqs[2].tokens
+    # Each greedy token is the most likely one: no other token has a higher logprob.
+    tokens = prompt + seqs[0].tokens
+    full = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    for i in range(len(seqs[0].tokens)):
+        assert full[len(prompt) + i] == pytest.approx(seqs[0].logprobs[i], abs=1e-4)
+
+
+def test_max_tokens_gives_length_stop(trained):
+    sampler = trained.save_weights_and_get_sampling_client()
+    seqs = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 2,
+                          types.SamplingParams(max_tokens=7, stop=[], seed=0)).result().sequences
+    assert all(len(s.tokens) == 7 and s.stop_reason == "length" for s in seqs)
+
+
+def test_stop_token_ids_end_the_sequence_on_that_token(trained):
+    sampler = trained.save_weights_and_get_sampling_client()
+    prompt = types.ModelInput.from_ints([10, 11, 12])
+    free = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=20, stop=[], seed=3)).result().sequences[0]
+    stop_token = free.tokens[4]
+    first = free.tokens.index(stop_token)
+    seq = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=20, stop=[stop_token], seed=3)).result()
+    seq = seq.sequences[0]
+    assert seq.stop_reason == "stop"
+    assert seq.tokens == free.tokens[: first + 1]
+
+
+def test_stop_strings_end_the_sequence_once_the_text_contains_them(trained):
+    sampler = trained.save_weights_and_get_sampling_client()
+    tok = trained.get_tokenizer()
+    prompt = types.ModelInput.from_ints([10, 11, 12])
+    free = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=20, stop=[], seed=4)).result().sequences[0]
+    text = tok.decode(free.tokens)
+    stop = text[5:7]
+    seq = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=20, stop=[stop], seed=4)).result().sequences[0]
+    assert seq.stop_reason == "stop"
+    out = tok.decode(seq.tokens)
+    assert out.endswith(stop) or stop in out
+    assert stop not in tok.decode(seq.tokens[:-1])
+
+
+def test_eos_stops_by_default(service):
+    # Train the adapter to emit EOS right away, then sample with stop=None (implicit EOS) and stop=[] (disabled).
+    tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=13)
+    eos = tc.get_tokenizer().eos_token_id
+    prompt = [5, 6, 7]
+    datum = types.Datum(model_input=types.ModelInput.from_ints(prompt),
+                        loss_fn_inputs={"target_tokens": prompt[1:] + [eos], "weights": [0.0, 0.0, 1.0]})
+    for _ in range(20):
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=3e-2))
+    sampler = tc.save_weights_and_get_sampling_client()
+    greedy = types.SamplingParams(max_tokens=5, temperature=0.0)
+    seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, greedy).result().sequences[0]
+    assert seq.tokens == [eos] and seq.stop_reason == "stop"
+    no_stop = types.SamplingParams(max_tokens=5, temperature=0.0, stop=[])
+    assert len(sampler.sample(types.ModelInput.from_ints(prompt), 1, no_stop).result().sequences[0].tokens) == 5
+
+
+def test_top_k_one_is_greedy_and_top_p_keeps_the_head():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    gen = torch.Generator().manual_seed(0)
+    settings = DecodeSettings(5, 1.0, 1, 1.0, frozenset(), ())
+    assert all(choose_tokens(logits, settings, gen).item() == 1 for _ in range(20))
+    # probs ~ [0.03, 0.64, 0.09, 0.24]: top_p=0.7 keeps {1, 3} (mass before token 3 is 0.64 < 0.7)
+    settings = DecodeSettings(5, 1.0, -1, 0.7, frozenset(), ())
+    drawn = {choose_tokens(logits, settings, gen).item() for _ in range(200)}
+    assert drawn == {1, 3}
+
+
+def test_base_model_sampler_and_bad_requests(service):
+    sampler = service.create_sampling_client(base_model="tiny")
+    prompt = types.ModelInput.from_ints([1, 2])
+    assert len(sampler.sample(prompt, 2, types.SamplingParams(max_tokens=3)).result().sequences) == 2
+    with pytest.raises(SamplingError, match="num_samples"):
+        sampler.sample(prompt, 0, types.SamplingParams(max_tokens=3)).result()
+    with pytest.raises(ConfigurationError, match="top_p"):
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3, top_p=0.0)).result()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        sampler.sample(types.ModelInput.from_ints([10**6]), 1, types.SamplingParams(max_tokens=3)).result()
+    with pytest.raises(SamplingError, match="model_path"):
+        service.create_sampling_client()
