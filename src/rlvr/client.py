@@ -247,8 +247,7 @@ class SamplingClient(_SelfFuture):
         temperature 1, see ``rlvr.engine.sampler``) and a stop reason (``"stop"`` or ``"length"``)."""
         if topk_prompt_logprobs:
             raise ConfigurationError("topk_prompt_logprobs is not supported yet; use include_prompt_logprobs=True")
-        return self.engine.submit(self.engine.sample, self._handle, prompt, num_samples, sampling_params,
-                                  include_prompt_logprobs)
+        return self.engine.submit_sample(self._handle, prompt, num_samples, sampling_params, include_prompt_logprobs)
 
     async def sample_async(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
                            include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0

@@ -42,3 +42,22 @@ def test_smollm2_trains(smol):
     assert metrics["grad_norm:mean"] > 0
     after = smol.forward([rl_datum(prompt, target, [0.0] * len(target), 0.0)], "importance_sampling").result()
     assert after.loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:].sum() > lp.sum()
+
+
+def test_greedy_matches_hugging_face_generate_on_smollm2(service):
+    sampler = service.create_sampling_client(base_model="smollm2-135m")
+    tok = sampler.get_tokenizer()
+    from rlvr.engine.models import load_base_model
+
+    pristine = load_base_model("smollm2-135m").model  # a copy no adapter has touched (reloads in well under 1 s)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                  add_generation_prompt=True))
+               for q in ("What is 2 + 3?", "Name a colour.")]
+    params = types.SamplingParams(max_tokens=16, temperature=0.0, stop=[])
+    futures = [sampler.sample(types.ModelInput.from_ints(p), 1, params) for p in prompts]
+    for prompt, future in zip(prompts, futures, strict=True):
+        with torch.inference_mode():
+            out = pristine.generate(input_ids=torch.tensor([prompt]),
+                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+                                 max_new_tokens=16, pad_token_id=tok.pad_token_id, eos_token_id=None)
+        assert future.result().sequences[0].tokens == out[0, len(prompt):].tolist()

@@ -17,7 +17,7 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,7 +32,7 @@ from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.losses import resolve_loss
 from rlvr.engine.models import canonical_name, load_base_model
 from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
-from rlvr.engine.sampler import resolve_params, sample
+from rlvr.engine.sampler import SampleJob, resolve_params, sample_batch
 from rlvr.errors import CheckpointError, InvalidDatumError, SamplingError
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -65,7 +65,31 @@ class SamplerHandle:
     host: AdapterHost
     adapter: str | None
     model_path: str | None
-    rng: torch.Generator = field(default_factory=torch.Generator)
+    rng: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(secrets.randbits(62)))
+    """Draws the seed of each request that brings none."""
+
+
+@dataclass
+class _PendingSample:
+    """A sampling request waiting for the next batched decode."""
+
+    handle: SamplerHandle
+    job: SampleJob
+    include_prompt_logprobs: bool
+    future: Future
+
+
+def _chunks(requests: list[_PendingSample], max_rows: int) -> list[list[_PendingSample]]:
+    """Consecutive runs of requests with at most ``max_rows`` samples in all (a bigger request runs alone)."""
+    chunks: list[list[_PendingSample]] = [[]]
+    rows = 0
+    for request in requests:
+        if chunks[-1] and rows + request.job.num_samples > max_rows:
+            chunks.append([])
+            rows = 0
+        chunks[-1].append(request)
+        rows += request.job.num_samples
+    return chunks
 
 
 class Engine:
@@ -74,8 +98,11 @@ class Engine:
     _default: Engine | None = None
     _default_lock = threading.Lock()
 
-    def __init__(self, max_tokens_per_microbatch: int = 4096) -> None:
+    def __init__(self, max_tokens_per_microbatch: int = 4096, max_sample_rows: int = 128) -> None:
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
+        self.max_sample_rows = max_sample_rows
+        self._pending: list[_PendingSample] = []
+        self._pending_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-engine")
         self._hosts: dict[str, AdapterHost] = {}
         self._names = itertools.count()
@@ -285,14 +312,28 @@ class Engine:
         except RuntimeError:  # The interpreter is shutting down; nothing left to free.
             pass
 
-    def sample(
+    def submit_sample(
         self,
         handle: SamplerHandle,
         prompt: types.ModelInput,
         num_samples: int,
         params: types.SamplingParams,
         include_prompt_logprobs: bool = False,
-    ) -> types.SampleResponse:
+    ) -> AwaitableConcurrentFuture:
+        """Queue a sampling request. Requests waiting together for the same weights are decoded as one batch."""
+        future: Future = Future()
+        try:
+            job = self._sample_job(handle, prompt, num_samples, params)
+        except Exception as exc:  # Bad requests fail on their own future, before joining any batch.
+            future.set_exception(exc)
+            return AwaitableConcurrentFuture(future)
+        with self._pending_lock:
+            self._pending.append(_PendingSample(handle, job, include_prompt_logprobs, future))
+        self._executor.submit(self._drain_samples)
+        return AwaitableConcurrentFuture(future)
+
+    def _sample_job(self, handle: SamplerHandle, prompt: types.ModelInput, num_samples: int,
+                    params: types.SamplingParams) -> SampleJob:
         if not isinstance(num_samples, int) or num_samples < 1:
             raise SamplingError(f"num_samples must be a positive integer, got {num_samples!r}")
         if not isinstance(params, types.SamplingParams):
@@ -302,24 +343,48 @@ class Engine:
             raise SamplingError("prompt is empty; give at least one token")
         base = handle.host.base
         settings = resolve_params(params, len(tokens), _context_len(base.model), _eos_ids(base))
-        generator = torch.Generator().manual_seed(
-            params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=handle.rng)))
-        with handle.host.active(handle.adapter) as model:
-            sequences = sample(model, tokens, num_samples, settings, generator,
-                               lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False))
-            prompt_lps = self._prompt_logprobs(model, tokens) if include_prompt_logprobs else None
-        return types.SampleResponse(
-            sequences=[
-                types.SampledSequence(
-                    stop_reason=s.stop_reason,  # type: ignore[arg-type]
-                    sequence_id=uuid.uuid4().hex,
-                    tokens_np=np.asarray(s.tokens, dtype=np.int32),
-                    logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
-                )
-                for s in sequences
-            ],
-            prompt_logprobs_np=None if prompt_lps is None else np.asarray(prompt_lps, dtype=np.float32),
-        )
+        with self._pending_lock:  # handle.rng is shared by every request of one client
+            seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=handle.rng))
+        return SampleJob(tokens, num_samples, settings, torch.Generator().manual_seed(seed))
+
+    def _drain_samples(self) -> None:
+        """Run every waiting sampling request, batched by the weights they sample from."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        groups: dict[tuple[int, str | None], list[_PendingSample]] = {}
+        for request in pending:
+            groups.setdefault((id(request.handle.host), request.handle.adapter), []).append(request)
+        for requests in groups.values():
+            for chunk in _chunks(requests, self.max_sample_rows):
+                self._run_sample_chunk(chunk)
+
+    def _run_sample_chunk(self, requests: list[_PendingSample]) -> None:
+        handle = requests[0].handle
+        base = handle.host.base
+        try:
+            with handle.host.active(handle.adapter) as model:
+                sequences = sample_batch(model, [r.job for r in requests],
+                                         lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False),
+                                         base.tokenizer.pad_token_id)
+                prompt_lps = [self._prompt_logprobs(model, r.job.prompt) if r.include_prompt_logprobs else None
+                              for r in requests]
+        except BaseException as exc:
+            for request in requests:
+                request.future.set_exception(exc)
+            return
+        for request, seqs, lps in zip(requests, sequences, prompt_lps, strict=True):
+            request.future.set_result(types.SampleResponse(
+                sequences=[
+                    types.SampledSequence(
+                        stop_reason=s.stop_reason,  # type: ignore[arg-type]
+                        sequence_id=uuid.uuid4().hex,
+                        tokens_np=np.asarray(s.tokens, dtype=np.int32),
+                        logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
+                    )
+                    for s in seqs
+                ],
+                prompt_logprobs_np=lps,
+            ))
 
     def compute_logprobs(self, handle: SamplerHandle, prompt: types.ModelInput) -> list[float | None]:
         tokens = model_input_tokens(prompt, self._vocab_size(handle.host), "prompt")
@@ -328,7 +393,7 @@ class Engine:
         return [None, *values[1:].tolist()]
 
     @torch.inference_mode()
-    def _prompt_logprobs(self, model: torch.nn.Module, tokens: list[int]) -> np.ndarray:
+    def _prompt_logprobs(self, model: torch.nn.Module, tokens: list[int]) -> np.ndarray:  # (T,)
         """log p(token_i | tokens_<i) for i >= 1, NaN at position 0."""
         ids = torch.tensor([tokens])
         logits = model(input_ids=ids).logits[0, :-1].float()  # (T-1, V)

@@ -1,15 +1,18 @@
 """Autoregressive sampling with a KV cache, returning the logprob of every chosen token.
 
-One request is one prompt times ``num_samples``: the prompt is prefilled once and its KV cache repeated for the
-group (the samples share the prefix), then all live rows decode together, one token per step. Rows that finish
-(a stop token, a stop string, ``max_tokens``) leave the batch, so no compute is spent on them.
+Requests that arrive together are decoded together. Each distinct prompt is prefilled once and its KV cache
+repeated for its ``num_samples`` rows (a group shares its prefix); then all live rows of all requests decode
+together, one token per step. Rows that finish (a stop token, a stop string, ``max_tokens``) leave the batch, so no
+compute is spent on them. Each request draws from its own generator, so a seeded request gives the same tokens
+whatever else was batched with it (up to floating-point ties: padding and batch size can change the last bits of
+a logit).
 
 Which distribution the logprobs are under: always the model's own next-token distribution at temperature 1,
 before temperature, top-k or top-p reshape it for the draw. That is exactly what the trainer computes for the same
 tokens, so at equal weights ``kl_sample_train`` is ~0 whatever the sampling parameters; the sampling distribution
 itself differs from it whenever temperature != 1 or top-k/top-p truncate.
 
-Not here: batching several prompts into one decode (the fast-sampling issue), vLLM.
+Not here: which requests are batched together (the engine decides), vLLM.
 """
 
 from __future__ import annotations
@@ -103,45 +106,87 @@ def choose_tokens(logits: torch.Tensor, settings: DecodeSettings, generator: tor
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@dataclass
+class SampleJob:
+    """One sampling request: a prompt, how many continuations, and how to draw them."""
+
+    prompt: list[int]
+    """Prompt token ids."""
+    num_samples: int
+    """Continuations to draw; they share the prompt's KV cache."""
+    settings: DecodeSettings
+    """Resolved sampling parameters."""
+    generator: torch.Generator
+    """This request's random stream, so its draws do not depend on what else is in the batch."""
+
+
 @torch.inference_mode()
-def sample(
-    model: torch.nn.Module,
-    prompt: list[int],
-    num_samples: int,
-    settings: DecodeSettings,
-    generator: torch.Generator,
-    decode: Callable[[list[int]], str],
-) -> list[Sequence_]:
-    """Sample ``num_samples`` continuations of ``prompt`` from ``model`` (see the module docstring)."""
-    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+def sample_batch(
+    model: torch.nn.Module, jobs: list[SampleJob], decode: Callable[[list[int]], str], pad_id: int
+) -> list[list[Sequence_]]:
+    """Sample every job's continuations in one batched decode (see the module docstring).
+
+    Distinct prompts are left-padded and prefilled together, once each; each prompt's cache rows are then repeated
+    for its samples. Every step decodes all live rows at once, and finished rows are dropped from the batch.
+    """
+    distinct = list(dict.fromkeys(tuple(job.prompt) for job in jobs))
+    width = max(len(p) for p in distinct)
+    input_ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)  # (U, P) left-padded
+    attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # (U, P)
+    for i, prompt in enumerate(distinct):
+        input_ids[i, width - len(prompt):] = torch.tensor(prompt)
+        attention_mask[i, width - len(prompt):] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    padded = bool((attention_mask == 0).any())
+    out = model(input_ids=input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
+                use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
-    cache.batch_repeat_interleave(num_samples)
-    logits = out.logits[:, -1, :].float().expand(num_samples, -1)  # (R, V)
-    live = list(range(num_samples))  # row r of the batch is sample live[r]
-    tokens: list[list[int]] = [[] for _ in range(num_samples)]
-    logprobs: list[list[float]] = [[] for _ in range(num_samples)]
-    reasons: list[str] = ["length"] * num_samples
-    while live:
-        chosen = choose_tokens(logits, settings, generator)  # (R,)
+
+    # One row per sample: (job, sample) pairs, rows of a job contiguous.
+    row_job = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
+    row_sample = [s for job in jobs for s in range(job.num_samples)]
+    prompt_row = torch.tensor([distinct.index(tuple(jobs[j].prompt)) for j in row_job])
+    cache.batch_select_indices(prompt_row)
+    logits = out.logits[prompt_row, -1, :].float()  # (R, V)
+    attention_mask = attention_mask[prompt_row]  # (R, P)
+    positions = attention_mask.sum(-1)  # (R,) position of each row's next token
+
+    results = [[Sequence_([], [], "length") for _ in range(job.num_samples)] for job in jobs]
+    while row_job:
+        chosen = torch.empty(len(row_job), dtype=torch.long)  # (R,)
+        start = 0
+        while start < len(row_job):  # each job draws its contiguous rows with its own settings and generator
+            end = start
+            while end < len(row_job) and row_job[end] == row_job[start]:
+                end += 1
+            job = jobs[row_job[start]]
+            chosen[start:end] = choose_tokens(logits[start:end], job.settings, job.generator)
+            start = end
         chosen_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
         keep = []
-        for row, (s, token, logprob) in enumerate(zip(live, chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
-            tokens[s].append(token)
-            logprobs[s].append(logprob)
-            if token in settings.stop_token_ids or _ends_with_stop(decode, tokens[s], settings.stop_strings):
-                reasons[s] = "stop"
-            elif len(tokens[s]) < settings.max_tokens:
+        for row, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
+            job = jobs[row_job[row]]
+            seq = results[row_job[row]][row_sample[row]]
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            if token in job.settings.stop_token_ids or _ends_with_stop(decode, seq.tokens, job.settings.stop_strings):
+                seq.stop_reason = "stop"
+            elif len(seq.tokens) < job.settings.max_tokens:
                 keep.append(row)
         if not keep:
             break
-        if len(keep) < len(live):
+        if len(keep) < len(row_job):
             index = torch.tensor(keep)
             cache.batch_select_indices(index)
-            chosen = chosen[index]
-            live = [live[r] for r in keep]
-        out = model(input_ids=chosen[:, None], past_key_values=cache, use_cache=True)
+            chosen, attention_mask, positions = chosen[index], attention_mask[index], positions[index]
+            row_job = [row_job[r] for r in keep]
+            row_sample = [row_sample[r] for r in keep]
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(row_job), 1))], dim=-1)
+        out = model(input_ids=chosen[:, None], attention_mask=attention_mask if padded else None,
+                    position_ids=positions[:, None], past_key_values=cache, use_cache=True)
+        positions = positions + 1
         logits = out.logits[:, -1, :].float()
-    return [Sequence_(tokens[s], logprobs[s], reasons[s]) for s in range(num_samples)]
+    return results
 
 
 def _ends_with_stop(decode: Callable[[list[int]], str], tokens: list[int], stops: tuple[str, ...]) -> bool:
