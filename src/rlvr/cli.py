@@ -42,3 +42,15 @@ def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedde
         typer.echo(f"ready: {ensure_smollm2()}")
 
 
+
+
+sandbox_app = typer.Typer(help="The code sandbox for code rewards.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command()
+def doctor(json: bool = typer.Option(False, "--json", help="Print the report as JSON.")) -> None:
+    """Report which sandbox protection layers are active on this machine."""
+    from rlvr.sandbox.__main__ import main
+
+    raise typer.Exit(main(["doctor", *(["--json"] if json else [])]))
