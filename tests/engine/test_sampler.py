@@ -233,3 +233,16 @@ def test_many_requests_split_into_bounded_batches(service):
     params = types.SamplingParams(max_tokens=3, seed=0)
     futures = [sampler.sample(types.ModelInput.from_ints([i + 1, i + 2]), 3, params) for i in range(5)]
     assert all(len(f.result().sequences) == 3 for f in futures)
+
+
+def test_draws_follow_the_distribution():
+    # probs = softmax([0, 1, 2, 3] / T) at T = 1: [0.032, 0.087, 0.237, 0.644]; 20k draws land within 1.5 points.
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).expand(20_000, -1)
+    gen = torch.Generator().manual_seed(0)
+    drawn = choose_tokens(logits, DecodeSettings(5, 1.0, -1, 1.0, frozenset(), ()), gen)
+    freq = torch.bincount(drawn, minlength=4).float() / len(drawn)
+    torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.015, rtol=0)
+    # At temperature 0.5 the distribution sharpens to softmax(2 * logits).
+    drawn = choose_tokens(logits, DecodeSettings(5, 0.5, -1, 1.0, frozenset(), ()), gen)
+    freq = torch.bincount(drawn, minlength=4).float() / len(drawn)
+    torch.testing.assert_close(freq, torch.softmax(2 * logits[0], -1), atol=0.015, rtol=0)

@@ -1,0 +1,85 @@
+"""A KV cache that grows in place: keys and values live in buffers with spare capacity (doubled when full), and
+each decoded token is written into them, instead of Hugging Face's ``DynamicCache`` concatenating a new tensor
+at every step (which copies the whole cache per token and was a quarter of a CPU decode step).
+
+It plugs into any transformers causal LM as ``past_key_values=GrowingCache()``. Not here: paging, sliding windows
+or quantized caches; layers of those kinds are not supported.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+MIN_CAPACITY = 64  # tokens of room a buffer starts with beyond its first write
+
+
+class GrowingLayer(DynamicLayer):
+    """One layer's keys and values, (B, H, T, D) views into (B, H, capacity, D) buffers."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self._keys_buffer: torch.Tensor | None = None
+        self._values_buffer: torch.Tensor | None = None
+        self._length = 0
+        self.is_initialized = True
+
+    def _refresh_views(self) -> None:
+        self.keys = self._keys_buffer[:, :, : self._length]
+        self.values = self._values_buffer[:, :, : self._length]
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        capacity = 0 if self._keys_buffer is None else self._keys_buffer.shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed + MIN_CAPACITY, 2 * capacity)
+        keys = key_states.new_empty((*key_states.shape[:2], new_capacity, key_states.shape[3]))
+        values = value_states.new_empty((*value_states.shape[:2], new_capacity, value_states.shape[3]))
+        if self._length:
+            keys[:, :, : self._length] = self._keys_buffer[:, :, : self._length]
+            values[:, :, : self._length] = self._values_buffer[:, :, : self._length]
+        self._keys_buffer, self._values_buffer = keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        self._reserve(key_states, value_states, self._length + new)
+        self._keys_buffer[:, :, self._length : self._length + new] = key_states
+        self._values_buffer[:, :, self._length : self._length + new] = value_states
+        self._length += new
+        self._refresh_views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._length if self.is_initialized else 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep rows ``indices`` (repeats allowed: a prompt's row copied for each of its samples)."""
+        if self.get_seq_length() > 0:
+            self._keys_buffer = self._keys_buffer[indices]
+            self._values_buffer = self._values_buffer[indices]
+            self._refresh_views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.get_seq_length() > 0:
+            self._keys_buffer = self._keys_buffer.repeat_interleave(repeats, dim=0)
+            self._values_buffer = self._values_buffer.repeat_interleave(repeats, dim=0)
+            self._refresh_views()
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("GrowingLayer does not crop; rlvr's sampler never needs it")
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self._keys_buffer = self._values_buffer = None
+        self._length = 0
+        self.is_initialized = False
+
+
+class GrowingCache(Cache):
+    """A cache of ``GrowingLayer``s, one per decoder layer, created as the model first writes to them."""
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=GrowingLayer)
