@@ -11,6 +11,9 @@ subclasses the standard-library error it stands for, so ``except ValueError`` ke
     ├── CheckpointError (RuntimeError)      a checkpoint that cannot be written or read
     │   └── CheckpointNotFoundError (FileNotFoundError)
     ├── SamplingError (RuntimeError)        a sampler that cannot serve a request (stale weights, bad prompt)
+    ├── RewardError (RuntimeError)          a reward could not score a response (raised, non-finite, no sandbox)
+    │   └── RewardTimeoutError (TimeoutError)
+    ├── UnknownRewardError (ConfigurationError, KeyError)   a reward name that is not registered
     └── SandboxError (RuntimeError)         the code sandbox could not run a job (not: the job failed its tests)
 """
 
@@ -54,3 +57,19 @@ class SamplingError(RlvrError, RuntimeError):
 
 class SandboxError(RlvrError, RuntimeError):
     """The code sandbox could not run a job at all (distinct from a job that failed or timed out)."""
+
+
+class RewardError(RlvrError, RuntimeError):
+    """A reward could not score a response: it raised, returned something that is not a finite number, or the
+    machinery behind it (the code sandbox) could not run. The batch scorer counts these; it never scores them 0."""
+
+
+class RewardTimeoutError(RewardError, TimeoutError):
+    """A reward ran out of time on one response."""
+
+
+class UnknownRewardError(ConfigurationError, KeyError):
+    """A reward name that is not registered; the message lists the registered names and the nearest match."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
