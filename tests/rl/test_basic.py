@@ -23,3 +23,4 @@ def test_basic_loop_runs_on_tiny(tmp_path):
     assert all(0.0 <= m["reward/mean"] <= 1.0 for m in lines)
     assert set(result) == {"baseline_accuracy", "after_accuracy"}
     assert json.loads((tmp_path / "config.json").read_text())["base_model"] == "tiny"
+

@@ -21,6 +21,8 @@ from rich.table import Table
 
 import rlvr
 from rlvr import types
+from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
+from rlvr.rl.datums import rl_datum, sample_train_metrics
 
 
 @dataclass
@@ -113,40 +115,38 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
             futures = [sampling_client.sample(p, config.group_size, params) for p in prompts]
 
             # 2. Score each group, 3. centre its rewards, 4. build datums (prompt positions carry no advantage).
-            datums, rewards_all, tokens = [], [], 0
+            datums, masks, sampled, groups, tokens = [], [], [], [], 0
             for (_, answer), prompt, future in zip(problems, prompts, futures, strict=True):
                 sequences = future.result().sequences
                 rewards_G = [reward(tokenizer.decode(s.tokens, skip_special_tokens=True), answer) for s in sequences]
-                rewards_all += rewards_G
-                mean = sum(rewards_G) / len(rewards_G)
-                if all(r == mean for r in rewards_G):
+                groups.append(rewards_G)
+                tokens += sum(len(s.tokens) for s in sequences)
+                if is_constant(rewards_G):
                     continue  # no signal in this group
-                ob_len = prompt.length - 1
-                for seq, r in zip(sequences, rewards_G, strict=True):
-                    full = prompt.to_ints() + seq.tokens
-                    tokens += len(seq.tokens)
-                    datums.append(types.Datum(
-                        model_input=types.ModelInput.from_ints(full[:-1]),
-                        loss_fn_inputs={
-                            "target_tokens": full[1:],
-                            "logprobs": [0.0] * ob_len + seq.logprobs,
-                            "advantages": [0.0] * ob_len + [r - mean] * len(seq.tokens),
-                        },
-                    ))
+                for seq, advantage in zip(sequences, group_advantages(rewards_G), strict=True):
+                    datum, mask = rl_datum(prompt.to_ints(), seq.tokens, seq.logprobs, advantage)
+                    datums.append(datum)
+                    masks.append(mask)
+                    sampled.append(datum.loss_fn_inputs["logprobs"].tolist())
 
             # 5. Train: forward_backward and optim_step, submitted together.
-            metrics = {"step": step, "reward/mean": sum(rewards_all) / len(rewards_all), "datums": len(datums)}
+            rewards = [r for g in groups for r in g]
+            metrics = {"step": step, "reward/mean": sum(rewards) / len(rewards), "datums": len(datums),
+                       **group_outcomes(groups)}
             if datums:
                 fwd = training_client.forward_backward(datums, "importance_sampling")
                 opt = training_client.optim_step(adam)
-                metrics.update(fwd.result().metrics)
+                out = fwd.result()
+                metrics.update(out.metrics)
                 metrics.update(opt.result().metrics)
+                trained = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
+                metrics.update(sample_train_metrics(trained, sampled, masks))
             metrics["time/step_s"] = time.time() - start
             metrics["tokens_per_s"] = tokens / metrics["time/step_s"]
             log.write(json.dumps(metrics) + "\n")
             log.flush()
-            progress.update(task, advance=1, status=f"reward {metrics['reward/mean']:.2f}  "
-                                                    f"datums {len(datums)}  {metrics['tokens_per_s']:.0f} tok/s")
+            status = f"reward {metrics['reward/mean']:.2f}  datums {len(datums)}  {metrics['tokens_per_s']:.0f} tok/s"
+            progress.update(task, advance=1, status=status)
 
     after = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, eval_problems,
                      config.max_tokens)

@@ -1,0 +1,58 @@
+"""Advantages: how much better each answer was than its group, as pure functions of rewards.
+
+GRPO-style group centring is the default (``A_i = r_i - mean(r_G)``); optional division by the group's standard
+deviation (``normalize_std``); a running-mean REINFORCE baseline for single-sample settings. A group whose rewards are
+all equal carries no signal under centring and is dropped by the loop (counted in ``by_group/frac_all_*``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def is_constant(rewards_G: Sequence[float]) -> bool:
+    """Whether every reward of the group is the same (centred advantages would all be 0)."""
+    return all(r == rewards_G[0] for r in rewards_G)
+
+
+def group_advantages(rewards_G: Sequence[float], normalize_std: bool = False, eps: float = 1e-6) -> list[float]:
+    """``r_i - mean(r)``, divided by ``std(r) + eps`` (population std) when ``normalize_std``."""
+    if not rewards_G:
+        return []
+    mean = sum(rewards_G) / len(rewards_G)
+    advantages_G = [r - mean for r in rewards_G]
+    if normalize_std:
+        std = math.sqrt(sum(a * a for a in advantages_G) / len(advantages_G))
+        advantages_G = [a / (std + eps) for a in advantages_G]
+    return advantages_G
+
+
+@dataclass
+class RunningBaseline:
+    """REINFORCE's baseline: an exponential moving average of rewards; advantage = reward - baseline."""
+
+    decay: float = 0.9
+    """Weight of the past in each update (0 = last batch's mean only)."""
+    value: float | None = None
+    """Current baseline; None until the first update."""
+
+    def advantages(self, rewards: Sequence[float]) -> list[float]:
+        """Advantages against the baseline as it stood, then fold ``rewards`` into it."""
+        batch_mean = sum(rewards) / len(rewards)
+        baseline = batch_mean if self.value is None else self.value
+        self.value = batch_mean if self.value is None else self.decay * self.value + (1 - self.decay) * batch_mean
+        return [r - baseline for r in rewards]
+
+
+def group_outcomes(groups: Sequence[Sequence[float]], best: float = 1.0) -> dict[str, float]:
+    """``by_group/frac_mixed|frac_all_good|frac_all_bad``: how many groups had signal, were all solved, all failed."""
+    n = len(groups) or 1
+    all_good = sum(1 for g in groups if is_constant(g) and g[0] >= best)
+    constant = sum(1 for g in groups if is_constant(g))
+    return {
+        "by_group/frac_mixed": (len(groups) - constant) / n,
+        "by_group/frac_all_good": all_good / n,
+        "by_group/frac_all_bad": (constant - all_good) / n,
+    }
