@@ -1,0 +1,240 @@
+"""The synchronous RLVR loop over a problem source: sample a group per problem, score, centre, train, log, save.
+
+Setup, then one ``for step`` whose body is a series of paragraphs, each a phase: refresh and check the sampler,
+roll out, score (in killable workers: a reward that hangs or raises is counted, not scored 0), advantages, datums,
+train, log, checkpoint. It drives only the client API, so the same loop runs on the in-process engine or a server.
+
+Not yet here (the RL-loop issue lists them): multi-turn environments, streaming and async off-policy modes, the KL
+penalty to the base model, PPO/GRPO algorithm objects, rollout HTML pages.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import rlvr
+from rlvr import types
+from rlvr.errors import ConfigurationError, SamplingError
+from rlvr.rewards import RewardItem, RewardRunner
+from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
+from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
+from rlvr.rl.datums import rl_datum, sample_train_metrics
+from rlvr.tasks.base import Problem, ProblemSource
+
+
+@dataclass
+class LoopConfig:
+    """Settings of the synchronous loop."""
+
+    # Model
+    base_model: str = "smollm2-135m"
+    """Model to train."""
+    rank: int = 16
+    """LoRA rank."""
+    # Batch
+    steps: int = 20
+    """Training steps in all (a resumed run continues up to this)."""
+    problems_per_step: int = 4
+    """Distinct problems per step."""
+    group_size: int = 8
+    """Samples per problem."""
+    normalize_advantages: bool = False
+    """Divide centred advantages by the group's reward std."""
+    # Optimisation
+    loss_fn: str = "importance_sampling"
+    """Built-in loss: importance_sampling, ppo, cispo, dro."""
+    loss_fn_config: dict[str, float] = field(default_factory=dict)
+    """Its config, e.g. {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2} for ppo."""
+    learning_rate: float = 2e-4
+    """AdamW learning rate."""
+    num_substeps: int = 1
+    """Optimizer steps per batch; the datums are split into this many minibatches."""
+    # Sampling
+    max_tokens: int = 32
+    """Most tokens per answer."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts (evaluation is greedy)."""
+    # Rewards
+    reward_timeout: float = 10.0
+    """Seconds one reward call may take before it is killed and counted as a timeout."""
+    # Evaluation, logging, checkpoints
+    eval_every: int = 0
+    """Evaluate on the test split every this many steps (0 = only before and after)."""
+    eval_problems: int = 32
+    """Held-out problems per evaluation."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end)."""
+    resume: bool = False
+    """Continue from the last checkpoint in ``out``."""
+    sampler_tolerance: float = 1e-3
+    """Largest |sampler - trainer| logprob on the probe before the sampler counts as stale."""
+    seed: int = 0
+    """Seeds the problem order, LoRA initialisation and sampling."""
+    out: str = "runs/loop"
+    """Run folder: config.json, metrics.jsonl, checkpoints.jsonl."""
+
+    def __post_init__(self) -> None:
+        if self.num_substeps < 1:
+            raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
+        if self.group_size < 2:
+            raise ConfigurationError(f"group_size={self.group_size}: centred advantages need at least 2 samples")
+
+
+def check_sampler_fresh(training_client: Any, sampling_client: Any, probe: list[int], tolerance: float) -> float:
+    """Raise SamplingError unless the sampler's logprobs of ``probe`` match the trainer's (it has the new weights)."""
+    datum = types.Datum(model_input=types.ModelInput.from_ints(probe[:-1]),
+                        loss_fn_inputs={"target_tokens": probe[1:], "weights": [1.0] * (len(probe) - 1)})
+    trainer = training_client.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    sampler = sampling_client.compute_logprobs(types.ModelInput.from_ints(probe)).result()[1:]
+    gap = max(abs(a - b) for a, b in zip(trainer, sampler, strict=True))
+    if gap > tolerance:
+        raise SamplingError(f"the sampler does not use the current weights: its logprobs differ from the trainer's by "
+                            f"up to {gap:.4g} (> {tolerance}); a weight publication did not take effect")
+    return gap
+
+
+def evaluate(sampling_client: Any, tokenizer: Any, source: ProblemSource, problems: list[Problem],
+             runner: RewardRunner, max_tokens: int) -> dict[str, float]:
+    """Greedy held-out evaluation: ``test/reward/mean`` and ``test/correct`` (reward >= 1)."""
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    futures = [sampling_client.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), 1, params)
+               for p in problems]
+    responses = [tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True) for f in futures]
+    scores = runner.score([RewardItem(p.question, r, p.reward_meta()) for p, r in zip(problems, responses,
+                                                                                      strict=True)])
+    values = [s for s in scores.scores if s is not None]
+    return {**scores.metrics("test/reward"), "test/correct": sum(v >= 1.0 for v in values) / max(len(values), 1)}
+
+
+def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> dict[str, Any]:
+    """Run the loop; returns the final evaluation and the training client."""
+    run_dir = Path(config.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    service = rlvr.ServiceClient()
+
+    # Setup: a fresh client, or the last checkpoint's state and loop RNG.
+    start_step, rng = 0, random.Random(config.seed)
+    resumed = last_checkpoint(run_dir) if config.resume else None
+    if config.resume and resumed is None:
+        raise ConfigurationError(f"resume=True but {run_dir} has no checkpoints.jsonl entry to resume from")
+    if resumed is not None:
+        training_client = service.create_training_client_from_state_with_optimizer(resumed["state_path"])
+        start_step = resumed["step"]
+        rng.setstate(_rng_state(resumed["rng"]))
+        if start_step >= config.steps:
+            raise ConfigurationError(f"the last checkpoint in {run_dir} is at step {start_step} and steps="
+                                     f"{config.steps}: nothing remains to train; raise steps to continue")
+    else:
+        training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
+                                                               seed=config.seed)
+        (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    tokenizer = training_client.get_tokenizer()
+    train_problems = source.problems("train", shuffle=True, seed=config.seed)
+    test_problems = source.problems(_test_split(source), limit=config.eval_problems)
+    adam = types.AdamParams(learning_rate=config.learning_rate)
+    runner = RewardRunner(source.reward(), timeout=config.reward_timeout)
+    probe = source.render_ids(train_problems[0], tokenizer)[:16]
+    results: dict[str, Any] = {}
+
+    with runner, open(run_dir / "metrics.jsonl", "a") as log:
+        if start_step == 0:
+            sampler = training_client.save_weights_and_get_sampling_client()
+            results["before"] = evaluate(sampler, tokenizer, source, test_problems, runner, config.max_tokens)
+        for step in range(start_step, config.steps):
+            t_start = time.time()
+            metrics: dict[str, float] = {"step": step}
+
+            # Refresh the sampler and check it really samples the current weights.
+            sampler = training_client.save_weights_and_get_sampling_client()
+            metrics["sampler/max_logprob_gap"] = check_sampler_fresh(training_client, sampler, probe,
+                                                                     config.sampler_tolerance)
+
+            # Roll out: group_size answers per problem, all requests in flight together.
+            first = step * config.problems_per_step
+            problems = [train_problems[(first + i) % len(train_problems)] for i in range(config.problems_per_step)]
+            prompts = [source.render_ids(p, tokenizer) for p in problems]
+            params = types.SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature,
+                                          seed=rng.randrange(2**31))
+            futures = [sampler.sample(types.ModelInput.from_ints(p), config.group_size, params) for p in prompts]
+            groups = [f.result().sequences for f in futures]
+            metrics["time/sample"] = time.time() - t_start
+
+            # Score every answer in killable workers; failures are counted, never scored 0.
+            t_reward = time.time()
+            items = [RewardItem(p.question, tokenizer.decode(s.tokens, skip_special_tokens=True), p.reward_meta())
+                     for p, seqs in zip(problems, groups, strict=True) for s in seqs]
+            scores = runner.score(items)
+            metrics.update(scores.metrics("env/all/reward"))
+            metrics["time/reward"] = time.time() - t_reward
+
+            # Advantages within each group; groups with equal (or failed) rewards carry no signal.
+            datums, masks, sampled, rewards_by_group = [], [], [], []
+            for g, (prompt, seqs) in enumerate(zip(prompts, groups, strict=True)):
+                rewards_G = scores.scores[g * config.group_size:(g + 1) * config.group_size]
+                if any(r is None for r in rewards_G):
+                    continue
+                rewards_by_group.append(rewards_G)
+                if is_constant(rewards_G):
+                    continue
+                for seq, advantage in zip(seqs, group_advantages(rewards_G, config.normalize_advantages),
+                                          strict=True):
+                    datum, mask = rl_datum(prompt, seq.tokens, seq.logprobs, advantage)
+                    datums.append(datum)
+                    masks.append(mask)
+                    sampled.append(datum.loss_fn_inputs["logprobs"].tolist())
+            metrics.update(group_outcomes(rewards_by_group))
+            metrics["env/all/ac_tokens_per_turn"] = sum(len(s.tokens) for seqs in groups for s in seqs) / len(items)
+
+            # Train: num_substeps minibatches, each a forward_backward and an optim_step.
+            t_train = time.time()
+            if datums:
+                size = -(-len(datums) // config.num_substeps)
+                for k in range(0, len(datums), size):
+                    fwd = training_client.forward_backward(datums[k:k + size], config.loss_fn,
+                                                           config.loss_fn_config or None)
+                    opt = training_client.optim_step(adam)
+                    out = fwd.result()
+                    trained = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
+                    metrics.update({f"optim/{key}": v for key, v in out.metrics.items()})
+                    metrics.update(opt.result().metrics)
+                    if k == 0:  # before this step's update: the sampler/trainer comparison
+                        metrics.update(sample_train_metrics(trained, sampled[:size], masks[:size]))
+            metrics["train/datums"] = len(datums)
+            metrics["time/train"] = time.time() - t_train
+
+            # Log, evaluate, checkpoint.
+            if config.eval_every and (step + 1) % config.eval_every == 0:
+                metrics.update(evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
+                                        test_problems, runner, config.max_tokens))
+            metrics["time/total"] = time.time() - t_start
+            log.write(json.dumps(metrics) + "\n")
+            log.flush()
+            if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
+                path = training_client.save_state(f"step-{step + 1:06d}").result().path
+                record_checkpoint(run_dir, {"step": step + 1, "state_path": path, "rng": rng.getstate()})
+            if progress is not None:
+                progress(step, metrics)
+
+        results["after"] = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
+                                    test_problems, runner, config.max_tokens)
+    results["training_client"] = training_client
+    return results
+
+
+def _test_split(source: ProblemSource) -> str:
+    splits = source.splits()
+    for name in ("test", "validation", "val"):
+        if name in splits:
+            return name
+    raise ConfigurationError(f"{type(source).__name__} has splits {list(splits)}; evaluation needs a 'test' split")
+
+
+def _rng_state(saved: list) -> tuple:
+    """random.Random state from its JSON form (lists back to tuples)."""
+    version, internal, gauss = saved
+    return version, tuple(internal), gauss
