@@ -44,6 +44,20 @@ def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedde
 
 
 
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you mean otherwise."),
+    port: int = typer.Option(8000, help="TCP port."),
+    keys_file: str = typer.Option(None, help="File with one API key per line (else $RLVR_API_KEY)."),
+) -> None:
+    """Serve the Tinker wire protocol: point the tinker SDK at it with TINKER_BASE_URL=http://HOST:PORT."""
+    try:
+        from rlvr.server import serve as run
+    except ImportError as exc:
+        raise typer.BadParameter(f"rlvr serve needs the server extra: pip install 'rlvr[server]' ({exc})") from exc
+    run(host=host, port=port, keys_file=keys_file)
+
+
 sandbox_app = typer.Typer(help="The code sandbox for code rewards.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 

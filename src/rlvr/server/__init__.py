@@ -1,0 +1,17 @@
+"""``rlvr serve``: Tinker's HTTP protocol over the local engine, so code written for the official ``tinker`` SDK or
+tinker-cookbook trains on this machine by setting ``TINKER_BASE_URL`` (and a ``tml-`` API key).
+
+    from rlvr.server import serve
+    serve(port=8000, api_keys="tml-...")          # or create_app(...) for any ASGI server
+
+Needs the ``rlvr[server]`` extra (fastapi, uvicorn). Modules: ``app`` (routes), ``state`` (sessions, models,
+ordering, futures, checkpoint catalog), ``wire`` (protobuf/JSON bodies), ``auth`` (API keys, body limits).
+Not here: anything about training itself, which is ``rlvr.client`` on ``rlvr.engine``.
+"""
+
+from __future__ import annotations
+
+from rlvr.server.app import create_app, serve
+from rlvr.server.auth import load_api_keys
+
+__all__ = ["create_app", "load_api_keys", "serve"]

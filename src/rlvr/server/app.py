@@ -1,0 +1,387 @@
+"""The HTTP routes of ``rlvr serve``: Tinker's ``/api/v1`` protocol, as the official ``tinker`` SDK (>= 0.38) speaks it.
+
+Each route parses its body (``wire.py``), turns it into calls on the public rlvr client API (``rlvr.ServiceClient``,
+``TrainingClient``, ``SamplingClient``) through ``state.py``, and answers the way the SDK expects: most training and
+sampling calls return a future id at once (``UntypedAPIFuture``), and the SDK long-polls ``/retrieve_future`` for the
+result (protobuf for forward_backward and sample, JSON otherwise).
+
+Status codes: 400 malformed body or a request rlvr rejects (message names the field and the fix), 401 bad or missing
+key (``auth.py``), 404 unknown id, 410 finished session, 413 body too large. A failure inside one request is reported
+on that request's future only; the server keeps serving everyone else.
+
+Not here: body formats (``wire.py``), sessions/ordering (``state.py``), keys and size limits (``auth.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from tinker import types
+
+import rlvr
+from rlvr.errors import ConfigurationError, RlvrError
+from rlvr.server import wire
+from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
+from rlvr.server.state import Catalog, Gone, ServerState, UnknownId, chain, done
+
+__all__ = ["create_app", "serve"]
+
+log = logging.getLogger("rlvr.server")
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+KEEP_ALIVE_S = 120
+"""Idle keep-alive for client connections: longer than the SDK's pauses, so it never sends on a connection the server
+has just closed (uvicorn's default of 5 s makes the SDK see connection errors and back off for up to 30 s)."""
+
+
+def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path | None = None,
+               service: rlvr.ServiceClient | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               long_poll_s: float = 25.0, compress_fwdbwd: bool = True, gap_timeout_s: float = 10.0) -> FastAPI:
+    """The ASGI app serving Tinker's protocol on ``service`` (default: a ``rlvr.ServiceClient()`` on the shared engine).
+
+    ``api_keys`` / ``keys_file``: accepted keys (default ``$RLVR_API_KEY`` / ``$RLVR_API_KEYS_FILE``), each ``tml-...``.
+    ``long_poll_s``: how long ``/retrieve_future`` waits for a result before answering ``try_again`` (the SDK gives up
+    on a poll after 45 s). ``compress_fwdbwd``: ask the SDK to zstd-compress forward_backward bodies.
+    """
+    keys = load_api_keys(api_keys, keys_file)
+    if not 0 < long_poll_s < 45:
+        raise ConfigurationError(f"long_poll_s={long_poll_s} must be in (0, 45): the tinker SDK abandons a "
+                                 "retrieve_future poll after 45 s")
+    state = ServerState(service, gap_timeout_s=gap_timeout_s)
+    catalog = Catalog(state)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        state.close()
+
+    app = FastAPI(title="rlvr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.add_middleware(AdmissionMiddleware, api_keys=keys, max_body_bytes=max_body_bytes)
+    app.state.rlvr = state
+    tokenizer_dirs: dict[str, str] = {}
+    tokenizer_lock = threading.Lock()
+
+    def owner(request: Request) -> str:
+        return request.scope["state"]["principal"]
+
+    def accepted(request_id: str, model_id: str | None = None, **extra: Any) -> JSONResponse:
+        return JSONResponse(wire.json_body(types.UntypedAPIFuture(request_id=request_id, model_id=model_id, **extra)))
+
+    def sequenced(request: Request, model_id: str, seq_id: int | None, job: Any) -> JSONResponse:
+        entry = state.model(model_id, owner(request))
+        if seq_id is None or seq_id < 1:
+            raise wire.BadRequest(f"seq_id={seq_id!r} must be an integer >= 1 (the SDK numbers each model's requests "
+                                  "from 1)")
+        request_id, future = entry.sequencer.submit(seq_id, state.futures.new_id(), lambda: job(entry))
+        if future is not None:
+            state.futures.put(request_id, owner(request), future)
+        return accepted(request_id, model_id)
+
+    # -- errors -----------------------------------------------------------------------------------------------------
+
+    def error(status: int, exc: BaseException) -> JSONResponse:
+        return JSONResponse({"detail": str(exc) or type(exc).__name__}, status_code=status)
+
+    app.add_exception_handler(wire.BadRequest, lambda r, e: error(e.status_code, e))
+    app.add_exception_handler(BodyTooLarge, lambda r, e: error(413, e))
+    app.add_exception_handler(UnknownId, lambda r, e: error(404, e))
+    app.add_exception_handler(Gone, lambda r, e: error(410, e))
+    app.add_exception_handler(RlvrError, lambda r, e: error(400, e))
+
+    # -- service ----------------------------------------------------------------------------------------------------
+
+    @app.get("/api/v1/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/client/config")
+    async def client_config() -> dict:
+        return wire.json_body(types.ClientConfigResponse(
+            pjwt_auth_enabled=False, use_pyqwest_transport=False, proto_compress_fwdbwd=compress_fwdbwd,
+            sample_use_retrieve_futures=False, custom_loss_server_side=False, sample_join_sampling_session=False))
+
+    @app.post("/api/v1/client/dynamic_config")
+    async def client_dynamic_config() -> dict:
+        return wire.json_body(types.ClientDynamicConfigResponse())
+
+    @app.get("/api/v1/get_server_capabilities")
+    async def capabilities() -> dict:
+        return wire.json_body(state.service.get_server_capabilities())
+
+    @app.post("/api/v1/telemetry")
+    async def telemetry() -> dict:
+        return {"status": "accepted"}
+
+    @app.post("/api/v1/create_session")
+    async def create_session(request: Request) -> dict:
+        req = wire.parse_json(types.CreateSessionRequest, await request.body())
+        session = state.create_session(owner(request), req.user_metadata)
+        return wire.json_body(types.CreateSessionResponse(session_id=session.session_id))
+
+    @app.post("/api/v1/session_heartbeat")
+    async def heartbeat(request: Request) -> dict:
+        req = wire.parse_json(types.SessionHeartbeatRequest, await request.body())
+        state.session(req.session_id, owner(request)).last_heartbeat = time.time()
+        return {"type": "session_heartbeat"}
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish(session_id: str, request: Request) -> Response:
+        raw = await request.body()
+        body = wire.parse_json(_FinishBody, raw) if raw else _FinishBody()
+        state.finish_session(session_id, owner(request), str((body.reason or {}).get("type", "finished")))
+        return JSONResponse(None)
+
+    # -- training ---------------------------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_model")
+    async def create_model(request: Request) -> JSONResponse:
+        req = wire.parse_json(types.CreateModelRequest, await request.body())
+        if req.optimizer_config.type != "adamw":
+            raise wire.BadRequest(f"optimizer_config.type={req.optimizer_config.type!r}: rlvr trains with AdamW only; "
+                                  "leave optimizer unset")
+        lora = req.lora_config or types.LoraConfig(rank=32)
+        session = state.session(req.session_id, owner(request))
+        entry = state.add_model(session, req.model_seq_id, req.base_model, req.user_metadata)
+
+        def job(entry: Any = entry) -> Future:
+            state.bind(entry, state.service.create_lora_training_client(
+                req.base_model, rank=lora.rank, seed=lora.seed, train_mlp=lora.train_mlp, train_attn=lora.train_attn,
+                train_unembed=lora.train_unembed))
+            return done(types.CreateModelResponse(model_id=entry.model_id))
+
+        request_id, future = entry.sequencer.submit(0, state.futures.new_id(), job)
+        assert future is not None
+        state.futures.put(request_id, owner(request), future)
+        return accepted(request_id, entry.model_id)
+
+    @app.post("/api/v1/get_info")
+    async def get_info(request: Request) -> dict:
+        req = wire.parse_json(types.GetInfoRequest, await request.body())
+        client = state.trainer(state.model(req.model_id, owner(request)))
+        info = client.get_info()
+        tokenizer_dir = await run_in_threadpool(_tokenizer_dir, client, tokenizer_dirs, tokenizer_lock)
+        data = info.model_data.model_copy(update={"tokenizer_id": tokenizer_dir})
+        return wire.json_body(info.model_copy(update={"model_id": req.model_id, "model_data": data}))
+
+    @app.post("/api/v1/forward_backward")
+    async def forward_backward(request: Request) -> JSONResponse:
+        body = wire.decompress(await request.body(), request.headers.get("content-encoding"),
+                               max_body_bytes)
+        call = wire.decode_forward_backward(body)
+
+        def job(entry: Any) -> Future:
+            client = state.trainer(entry)
+            method = client.forward if call.forward_only else client.forward_backward
+            return chain(method(call.data, call.loss_fn, call.loss_fn_config), wire.encode_forward_backward_output)
+
+        return sequenced(request, call.model_id, call.seq_id, job)
+
+    @app.post("/api/v1/optim_step")
+    async def optim_step(request: Request) -> JSONResponse:
+        req = wire.parse_json(types.OptimStepRequest, await request.body())
+        if not isinstance(req.optim_params, types.AdamParams):
+            raise wire.BadRequest(f"optim_params type {getattr(req.optim_params, 'type', '?')!r}: rlvr takes "
+                                  "AdamParams only")
+        return sequenced(request, req.model_id, req.seq_id,
+                         lambda e: chain(state.trainer(e).optim_step(req.optim_params), lambda r: r))
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request) -> JSONResponse:
+        req = wire.parse_json(types.SaveWeightsRequest, await request.body())
+        name = req.path or f"state-{req.seq_id}"
+        return sequenced(request, req.model_id, req.seq_id, lambda e: chain(
+            state.trainer(e).save_state(name), lambda r: types.SaveWeightsResponse(path=wire.to_wire_path(r.path))))
+
+    @app.post("/api/v1/save_weights_for_sampler")
+    async def save_weights_for_sampler(request: Request) -> JSONResponse:
+        req = wire.parse_json(types.SaveWeightsForSamplerRequest, await request.body())
+        if req.kind != "snapshot":
+            raise wire.BadRequest(f"kind={req.kind!r}: rlvr serves snapshot sampling clients only; use "
+                                  "kind='snapshot'")
+        if req.path is None and req.sampling_session_seq_id is None:
+            raise wire.BadRequest("save_weights_for_sampler needs path (a checkpoint name) or sampling_session_seq_id")
+        session = state.session(state.model(req.model_id, owner(request)).session_id, owner(request))
+
+        def job(entry: Any) -> Future:
+            client = state.trainer(entry)
+            if req.path is not None:
+                return chain(client.save_weights_for_sampler(req.path),
+                             lambda r: types.SaveWeightsForSamplerResponseInternal(path=wire.to_wire_path(r.path)))
+            sampler = client.save_weights_and_get_sampling_client()
+            added = state.add_sampler(session, req.sampling_session_seq_id, sampler, client.get_info().model_name,
+                                      sampler.model_path)
+            return done(types.SaveWeightsForSamplerResponseInternal(sampling_session_id=added.sampler_id))
+
+        return sequenced(request, req.model_id, req.seq_id, job)
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request) -> JSONResponse:
+        req = wire.parse_json(types.LoadWeightsRequest, await request.body())
+        if req.session_id is not None:  # Create-via-load: a new model whose first request is this load.
+            if req.model_seq_id is None:
+                raise wire.BadRequest("load_weights with session_id needs model_seq_id")
+            session = state.session(req.session_id, owner(request))
+            entry = state.add_model(session, req.model_seq_id, req.base_model, req.user_metadata)
+
+            def create(entry: Any = entry) -> Future:
+                make = (state.service.create_training_client_from_state_with_optimizer if req.optimizer
+                        else state.service.create_training_client_from_state)
+                state.bind(entry, make(req.path))
+                return done(types.LoadWeightsResponse(path=req.path, model_id=entry.model_id))
+
+            request_id, future = entry.sequencer.submit(0, state.futures.new_id(), create)
+            assert future is not None
+            state.futures.put(request_id, owner(request), future)
+            return accepted(request_id, entry.model_id)
+        if req.model_id is None:
+            raise wire.BadRequest("load_weights needs model_id (and seq_id), or session_id and model_seq_id")
+
+        def job(entry: Any) -> Future:
+            client = state.trainer(entry)
+            method = client.load_state_with_optimizer if req.optimizer else client.load_state
+            return chain(method(req.path), lambda r: types.LoadWeightsResponse(path=req.path, model_id=entry.model_id))
+
+        return sequenced(request, req.model_id, req.seq_id, job)
+
+    # -- sampling ---------------------------------------------------------------------------------------------------
+
+    @app.post("/api/v1/create_sampling_session")
+    async def create_sampling_session(request: Request) -> dict:
+        req = wire.parse_json(types.CreateSamplingSessionRequest, await request.body())
+        session = state.session(req.session_id, owner(request))
+        client = await run_in_threadpool(state.service.create_sampling_client, req.model_path, req.base_model)
+        entry = state.add_sampler(session, req.sampling_session_seq_id, client, client.get_base_model(),
+                                  req.model_path)
+        return wire.json_body(types.CreateSamplingSessionResponse(sampling_session_id=entry.sampler_id))
+
+    @app.get("/api/v1/samplers/{sampler_id}")
+    async def get_sampler(sampler_id: str, request: Request) -> dict:
+        entry = state.sampler(sampler_id, owner(request))
+        path = wire.to_wire_path(entry.model_path) if entry.model_path else None
+        return wire.json_body(types.GetSamplerResponse(sampler_id=sampler_id, base_model=entry.base_model,
+                                                       model_path=path))
+
+    @app.post("/api/v1/asample")
+    async def asample(request: Request) -> JSONResponse:
+        req = wire.parse_json(types.SampleRequest, await request.body())
+        if req.sampling_session_id is None:
+            raise wire.BadRequest("asample needs sampling_session_id; create one with create_sampling_client")
+        for name, default in (("topk_sample_logprobs", 0), ("prompt_alt_tokens_k", 0), ("target_prompt_logprobs", None),
+                              ("prompt_logprobs_last_n", None), ("record_stability_info", None)):
+            if getattr(req, name) not in (default, False):
+                raise wire.BadRequest(f"{name}={getattr(req, name)!r} is not supported by rlvr; leave it unset")
+        if req.num_samples < 1:
+            raise wire.BadRequest(f"num_samples={req.num_samples} must be >= 1")
+        entry = state.sampler(req.sampling_session_id, owner(request))
+        future = entry.client.sample(req.prompt, req.num_samples, req.sampling_params,
+                                     include_prompt_logprobs=bool(req.prompt_logprobs),
+                                     topk_prompt_logprobs=req.topk_prompt_logprobs)
+        request_id = state.futures.new_id()
+        state.futures.put(request_id, owner(request), chain(future, wire.encode_sample_response))
+        return accepted(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(req.num_samples)])
+
+    # -- futures ----------------------------------------------------------------------------------------------------
+
+    @app.post("/api/v1/retrieve_future")
+    async def retrieve_future(request: Request) -> Response:
+        req = wire.parse_json(types.FutureRetrieveRequest, await request.body())
+        future = state.futures.get(req.request_id, owner(request))
+        if not future.done():
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            future.add_done_callback(lambda _: loop.call_soon_threadsafe(
+                lambda: waiter.done() or waiter.set_result(None)))
+            await asyncio.wait([waiter], timeout=long_poll_s)
+        if not future.done():
+            return JSONResponse({"type": "try_again", "request_id": req.request_id, "queue_state": "active"})
+        if future.cancelled():
+            return JSONResponse({"error": "the request was cancelled", "category": "user"})
+        exc = future.exception()
+        if exc is not None:
+            user = isinstance(exc, (RlvrError, ValueError, KeyError, UnknownId, TypeError))
+            if not user:
+                log.error("request %s failed", req.request_id, exc_info=exc)
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}", "category": "user" if user else "server"})
+        result = future.result()
+        if isinstance(result, wire.ProtoPayload):
+            return Response(result.data, media_type=wire.PROTO_CONTENT_TYPE)
+        return JSONResponse(wire.json_body(result))
+
+    @app.post("/api/v1/cancel_future")
+    async def cancel_future(request: Request) -> Response:
+        req = wire.parse_json(types.FutureRetrieveRequest, await request.body())
+        state.futures.cancel(req.request_id, owner(request))
+        return JSONResponse(None)
+
+    # -- training runs and checkpoints (RestClient) ------------------------------------------------------------------
+
+    @app.get("/api/v1/training_runs")
+    async def training_runs(request: Request, limit: int = 20, offset: int = 0) -> dict:
+        ids = catalog.runs(owner(request))
+        page = [catalog.run(r, owner(request)) for r in ids[offset:offset + max(limit, 0)]]
+        return wire.json_body(types.TrainingRunsResponse(
+            training_runs=page, cursor=types.Cursor(offset=offset, limit=limit, total_count=len(ids))))
+
+    @app.get("/api/v1/training_runs/{run_id}")
+    async def training_run(run_id: str, request: Request) -> dict:
+        return wire.json_body(catalog.run(run_id, owner(request)))
+
+    @app.get("/api/v1/training_runs/{run_id}/checkpoints")
+    async def run_checkpoints(run_id: str, request: Request) -> dict:
+        return wire.json_body(types.CheckpointsListResponse(checkpoints=catalog.checkpoints(run_id, owner(request))))
+
+    @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> Response:
+        catalog.delete(run_id, checkpoint_id, owner(request))
+        return JSONResponse(None)
+
+    @app.get("/api/v1/checkpoints")
+    async def user_checkpoints(request: Request, limit: int = 100, offset: int = 0) -> dict:
+        found = [c for r in catalog.runs(owner(request)) for c in catalog.checkpoints(r, owner(request))]
+        return wire.json_body(types.CheckpointsListResponse(
+            checkpoints=found[offset:offset + max(limit, 0)],
+            cursor=types.Cursor(offset=offset, limit=limit, total_count=len(found))))
+
+    return app
+
+
+class _FinishBody(pydantic.BaseModel):
+    reason: dict[str, Any] | None = None
+    detail: str | None = None
+
+
+def _tokenizer_dir(client: rlvr.TrainingClient, cache: dict[str, str], lock: threading.Lock) -> str:
+    """A local folder holding the model's tokenizer, so the SDK's ``AutoTokenizer.from_pretrained`` works offline."""
+    from rlvr.engine.models import rlvr_home
+
+    name = client.get_info().model_data.model_name or "model"
+    with lock:
+        if name not in cache:
+            folder = rlvr_home() / "server" / "tokenizers" / re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+            client.get_tokenizer().save_pretrained(str(folder))
+            cache[name] = str(folder)
+        return cache[name]
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, api_keys: str | list[str] | None = None, *,
+          keys_file: str | Path | None = None, log_level: str = "info", **app_options: Any) -> None:
+    """Run the server until interrupted (the ``rlvr serve`` command). Binds loopback only unless ``host`` says
+    otherwise; keys default to ``$RLVR_API_KEY`` / ``$RLVR_API_KEYS_FILE``."""
+    import uvicorn
+
+    app = create_app(api_keys, keys_file=keys_file, **app_options)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("rlvr serve is listening on %s: anyone who can reach it and holds a key can train and sample", host)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)

@@ -1,0 +1,401 @@
+"""What the server remembers between requests: sessions, models, samplers, and the futures clients poll.
+
+* ``Sequencer`` -- runs one model's requests in ``seq_id`` order, one at a time, whatever order they arrive in
+  (the SDK sends the chunks of one forward_backward concurrently). A retried request (same ``seq_id``) gets the
+  same future back; a gap that stays open for ``gap_timeout_s`` is skipped so one lost request cannot wedge a model.
+* ``FutureStore`` -- request id -> concurrent future of a wire-ready result, kept for ``ttl_s`` after completion.
+* ``ServerState`` -- the registries, keyed by the ids the SDK uses (``{session}:train:{n}``, ``{session}:sample:{n}``),
+  each owned by the principal (API key digest) that created it; another key's ids read as unknown.
+
+Jobs call the public ``rlvr`` client API (``rlvr.ServiceClient`` and its clients); blocking calls run on a small
+dispatch pool, never on the event loop or the engine thread.
+
+Not here: HTTP (``app.py``), body formats (``wire.py``), model math (``rlvr.engine``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tinker import types
+
+import rlvr
+
+__all__ = ["Catalog", "FutureStore", "Gone", "ModelEntry", "SamplerEntry", "Sequencer", "ServerState", "Session",
+           "UnknownId", "chain", "done"]
+
+log = logging.getLogger("rlvr.server")
+
+Job = Callable[[], "Future[Any]"]
+"""Starts one request and returns a future of its wire-ready result."""
+
+
+class UnknownId(LookupError):
+    """An id (session, model, sampler, request) this server does not know, or that belongs to another key (404)."""
+
+
+class Gone(LookupError):
+    """A session that has finished (410)."""
+
+
+def done(value: Any) -> Future[Any]:
+    """A future already holding ``value``."""
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return future
+
+
+def chain(source: Any, convert: Callable[[Any], Any]) -> Future[Any]:
+    """A future of ``convert(result of source)``; ``source`` is a concurrent future or a tinker APIFuture."""
+    inner = source.future() if hasattr(source, "future") and not isinstance(source, Future) else source
+    out: Future[Any] = Future()
+
+    def finish(f: Future[Any]) -> None:
+        try:
+            out.set_result(convert(f.result()))
+        except BaseException as exc:
+            out.set_exception(exc)
+
+    inner.add_done_callback(finish)
+    return out
+
+
+class Sequencer:
+    """Runs the jobs of one model strictly one after another, in ``seq_id`` order."""
+
+    def __init__(self, pool: ThreadPoolExecutor, first_seq: int = 1, gap_timeout_s: float = 10.0) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._next = first_seq
+        self._waiting: dict[int, tuple[Job, Future[Any]]] = {}
+        self._seen: dict[int, str] = {}
+        self._busy = False
+        self._gap_timeout_s = gap_timeout_s
+        self._gap_timer: threading.Timer | None = None
+
+    def submit(self, seq_id: int, request_id: str, job: Job) -> tuple[str, Future[Any] | None]:
+        """Queue ``job`` as ``seq_id``; returns (request id, its future), or (earlier request id, None) for a repeat."""
+        with self._lock:
+            if seq_id in self._seen:
+                return self._seen[seq_id], None
+            self._seen[seq_id] = request_id
+            future: Future[Any] = Future()
+            self._waiting[seq_id] = (job, future)
+        self._pump()
+        return request_id, future
+
+    def _pump(self) -> None:
+        with self._lock:
+            if self._busy or not self._waiting:
+                return
+            if self._next not in self._waiting:
+                if min(self._waiting) < self._next:  # Arrived after its gap was skipped: run it next.
+                    self._next = min(self._waiting)
+                else:
+                    self._arm_gap_timer()
+                    return
+            job, future = self._waiting.pop(self._next)
+            self._next += 1
+            self._busy = True
+        self._pool.submit(self._run, job, future)
+
+    def _run(self, job: Job, future: Future[Any]) -> None:
+        try:
+            inner = job()
+        except BaseException as exc:
+            future.set_exception(exc)
+            self._release()
+            return
+
+        def finish(f: Future[Any]) -> None:
+            try:
+                future.set_result(f.result())
+            except BaseException as exc:
+                future.set_exception(exc)
+            self._pool.submit(self._release)  # Never start the next job on the engine thread.
+
+        inner.add_done_callback(finish)
+
+    def _release(self) -> None:
+        with self._lock:
+            self._busy = False
+        self._pump()
+
+    def _arm_gap_timer(self) -> None:
+        if self._gap_timer is not None:
+            return
+        timer = threading.Timer(self._gap_timeout_s, self._skip_gap)
+        timer.daemon = True
+        self._gap_timer = timer
+        timer.start()
+
+    def _skip_gap(self) -> None:
+        with self._lock:
+            self._gap_timer = None
+            if self._waiting and self._next not in self._waiting and not self._busy:
+                log.warning("seq_id %d never arrived; running seq_id %d next", self._next, min(self._waiting))
+                self._next = min(self._waiting)
+        self._pump()
+
+
+@dataclass
+class _Stored:
+    future: Future[Any]
+    owner: str
+    finished_at: float | None = None
+
+
+class FutureStore:
+    """Request id -> future of a wire-ready result (a pydantic model or ``wire.ProtoPayload``)."""
+
+    def __init__(self, ttl_s: float = 900.0) -> None:
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._items: dict[str, _Stored] = {}
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+    def put(self, request_id: str, owner: str, future: Future[Any]) -> None:
+        stored = _Stored(future, owner)
+        with self._lock:
+            self._sweep()
+            self._items[request_id] = stored
+
+        def mark(_: Future[Any]) -> None:
+            stored.finished_at = time.monotonic()
+
+        future.add_done_callback(mark)
+
+    def get(self, request_id: str, owner: str) -> Future[Any]:
+        with self._lock:
+            stored = self._items.get(request_id)
+        if stored is None or stored.owner != owner:
+            raise UnknownId(f"request_id {request_id!r} is unknown or expired (results are kept {self._ttl_s:.0f} s "
+                            "after they complete); submit the request again")
+        return stored.future
+
+    def cancel(self, request_id: str, owner: str) -> None:
+        self.get(request_id, owner).cancel()
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        expired = [k for k, s in self._items.items() if s.finished_at is not None and now - s.finished_at > self._ttl_s]
+        for key in expired:
+            del self._items[key]
+
+
+@dataclass
+class Session:
+    session_id: str
+    owner: str
+    user_metadata: dict[str, Any]
+    created_at: float = field(default_factory=time.time)
+    last_heartbeat: float = field(default_factory=time.time)
+    finished: str | None = None
+
+
+@dataclass
+class ModelEntry:
+    model_id: str
+    session_id: str
+    owner: str
+    base_model: str | None
+    sequencer: Sequencer
+    client: rlvr.TrainingClient | None = None
+    user_metadata: dict[str, Any] | None = None
+    last_request_time: float = field(default_factory=time.time)
+
+
+@dataclass
+class SamplerEntry:
+    sampler_id: str
+    session_id: str
+    owner: str
+    client: rlvr.SamplingClient
+    base_model: str
+    model_path: str | None
+    seq: itertools.count = field(default_factory=itertools.count)
+
+
+class ServerState:
+    """Every session, model, sampler and future of one server, over one ``rlvr.ServiceClient``."""
+
+    def __init__(self, service: rlvr.ServiceClient | None = None, *, gap_timeout_s: float = 10.0,
+                 future_ttl_s: float = 900.0, dispatch_threads: int = 8) -> None:
+        self.service = service or rlvr.ServiceClient()
+        self.pool = ThreadPoolExecutor(max_workers=dispatch_threads, thread_name_prefix="rlvr-server")
+        self.futures = FutureStore(future_ttl_s)
+        self.gap_timeout_s = gap_timeout_s
+        self._lock = threading.Lock()
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, ModelEntry] = {}
+        self.samplers: dict[str, SamplerEntry] = {}
+        self.run_owners: dict[str, str] = {}
+        """rlvr run id -> principal, for runs created through this server."""
+
+    # -- sessions ---------------------------------------------------------------------------------------------------
+
+    def create_session(self, owner: str, user_metadata: dict[str, Any] | None) -> Session:
+        session = Session(f"session-{uuid.uuid4().hex[:16]}", owner, dict(user_metadata or {}))
+        with self._lock:
+            self.sessions[session.session_id] = session
+        return session
+
+    def session(self, session_id: str, owner: str, *, live: bool = True) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None or session.owner != owner:
+            raise UnknownId(f"session_id {session_id!r} is unknown; create one with /api/v1/create_session")
+        if live and session.finished is not None:
+            raise Gone(f"session {session_id!r} has finished ({session.finished}); start a new ServiceClient")
+        return session
+
+    def finish_session(self, session_id: str, owner: str, reason: str) -> None:
+        session = self.session(session_id, owner, live=False)
+        with self._lock:
+            if session.finished is None:
+                session.finished = reason
+            for key in [k for k, m in self.models.items() if m.session_id == session_id]:
+                del self.models[key]
+            for key in [k for k, s in self.samplers.items() if s.session_id == session_id]:
+                del self.samplers[key]
+
+    # -- models -----------------------------------------------------------------------------------------------------
+
+    def add_model(self, session: Session, model_seq_id: int, base_model: str | None,
+                  user_metadata: dict[str, Any] | None) -> ModelEntry:
+        model_id = f"{session.session_id}:train:{model_seq_id}"
+        with self._lock:
+            if model_id in self.models:
+                raise ValueError(f"model_seq_id {model_seq_id} was already used in session {session.session_id!r}; "
+                                 "each create_model needs a new model_seq_id")
+            entry = ModelEntry(model_id, session.session_id, session.owner, base_model,
+                               Sequencer(self.pool, first_seq=0, gap_timeout_s=self.gap_timeout_s),
+                               user_metadata=user_metadata)
+            self.models[model_id] = entry
+        return entry
+
+    def model(self, model_id: str, owner: str) -> ModelEntry:
+        entry = self.models.get(model_id)
+        if entry is None or entry.owner != owner:
+            raise UnknownId(f"model_id {model_id!r} is unknown; use the model_id that create_model returned in a "
+                            "live session")
+        self.session(entry.session_id, owner)
+        entry.last_request_time = time.time()
+        return entry
+
+    def bind(self, entry: ModelEntry, client: rlvr.TrainingClient) -> None:
+        """Attach the rlvr client that now backs ``entry``."""
+        entry.client = client
+        self.run_owners[client.model_id] = entry.owner
+
+    def trainer(self, entry: ModelEntry) -> rlvr.TrainingClient:
+        if entry.client is None:
+            raise UnknownId(f"model {entry.model_id!r} failed to load or is still loading; create it again")
+        return entry.client
+
+    # -- samplers ---------------------------------------------------------------------------------------------------
+
+    def add_sampler(self, session: Session, seq_id: int, client: rlvr.SamplingClient, base_model: str,
+                    model_path: str | None) -> SamplerEntry:
+        entry = SamplerEntry(f"{session.session_id}:sample:{seq_id}", session.session_id, session.owner, client,
+                             base_model, model_path)
+        with self._lock:
+            self.samplers[entry.sampler_id] = entry
+        return entry
+
+    def sampler(self, sampler_id: str, owner: str) -> SamplerEntry:
+        entry = self.samplers.get(sampler_id)
+        if entry is None or entry.owner != owner:
+            raise UnknownId(f"sampling_session_id {sampler_id!r} is unknown; create one with create_sampling_client "
+                            "or save_weights_and_get_sampling_client")
+        self.session(entry.session_id, owner)
+        return entry
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Catalog:
+    """Training runs and their checkpoints, as the SDK's RestClient lists them: live models plus what is on disk
+    under ``$RLVR_HOME/checkpoints``. A run created through this server by one key is hidden from other keys; runs
+    found only on disk (earlier processes) are visible to every key."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def _visible(self, run_id: str, owner: str) -> bool:
+        return self.state.run_owners.get(run_id, owner) == owner
+
+    def _run_dir(self, run_id: str, owner: str) -> Any:
+        from rlvr.engine.checkpoint import checkpoint_root
+
+        folder = checkpoint_root() / run_id
+        live = any(m.client is not None and m.client.model_id == run_id for m in self.state.models.values())
+        if "/" in run_id or run_id.startswith(".") or not self._visible(run_id, owner) or not (
+                folder.is_dir() or live):
+            raise UnknownId(f"training_run_id {run_id!r} is unknown; list runs with /api/v1/training_runs")
+        return folder
+
+    def checkpoints(self, run_id: str, owner: str) -> list[types.Checkpoint]:
+        folder = self._run_dir(run_id, owner)
+        out = []
+        for kind, label in (("weights", "training"), ("sampler_weights", "sampler")):
+            for ckpt in sorted((folder / kind).glob("[!.]*")) if (folder / kind).is_dir() else []:
+                if not (ckpt / "rlvr.json").exists():
+                    continue
+                stat = ckpt.stat()
+                out.append(types.Checkpoint(
+                    checkpoint_id=f"{kind}/{ckpt.name}", checkpoint_type=label,  # type: ignore[arg-type]
+                    time=datetime.fromtimestamp(stat.st_mtime, UTC),
+                    tinker_path=f"tinker://{run_id}/{kind}/{ckpt.name}",
+                    size_bytes=sum(f.stat().st_size for f in ckpt.iterdir() if f.is_file())))
+        return sorted(out, key=lambda c: c.time)
+
+    def run(self, run_id: str, owner: str) -> types.TrainingRun:
+        folder = self._run_dir(run_id, owner)
+        live = next((m for m in self.state.models.values() if m.client is not None and m.client.model_id == run_id),
+                    None)
+        ckpts = self.checkpoints(run_id, owner)
+        if live is not None:
+            info = live.client.get_info()  # type: ignore[union-attr]
+            base, rank, when = info.model_name or "", info.lora_rank, live.last_request_time
+        else:
+            metas = [json.loads(p.read_text()) for p in folder.glob("*/*/rlvr.json")]
+            base = metas[0]["base_model"] if metas else ""
+            rank = metas[0]["lora"].get("rank") if metas else None
+            when = folder.stat().st_mtime
+        last = {t: next((c for c in reversed(ckpts) if c.checkpoint_type == t), None) for t in ("training", "sampler")}
+        return types.TrainingRun(training_run_id=run_id, base_model=base, model_owner=owner, is_lora=True,
+                                 lora_rank=rank, last_request_time=datetime.fromtimestamp(when, UTC),
+                                 last_checkpoint=last["training"], last_sampler_checkpoint=last["sampler"])
+
+    def runs(self, owner: str) -> list[str]:
+        from rlvr.engine.checkpoint import checkpoint_root
+
+        root = checkpoint_root()
+        ids = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} if root.is_dir() else set()
+        ids |= {m.client.model_id for m in self.state.models.values() if m.client is not None}
+        return sorted(r for r in ids if self._visible(r, owner))
+
+    def delete(self, run_id: str, checkpoint_id: str, owner: str) -> None:
+        folder = self._run_dir(run_id, owner)
+        kind, _, name = checkpoint_id.partition("/")
+        target = folder / kind / name
+        if kind not in ("weights", "sampler_weights") or not name or "/" in name or name.startswith(".") or not (
+                target / "rlvr.json").exists():
+            raise UnknownId(f"checkpoint {checkpoint_id!r} of run {run_id!r} does not exist; ids look like "
+                            "weights/<name> or sampler_weights/<name>")
+        shutil.rmtree(target)

@@ -1,0 +1,225 @@
+"""Wire formats of the Tinker protocol: protobuf and JSON bodies in, SDK types out, and back.
+
+Uses the schema the ``tinker`` package ships (``tinker.proto.tinker_public_pb2``), so the server reads exactly what
+the SDK writes (``tinker.proto.request_conv``) and writes what it reads (``tinker.proto.response_conv``):
+
+* ``decode_forward_backward`` -- a ``/forward_backward`` body (protobuf, optionally zstd) into rlvr call arguments.
+* ``encode_forward_backward_output`` / ``encode_sample_response`` -- results into protobuf bytes.
+* ``parse_json`` -- a JSON body into a ``tinker.types`` request model, with a 400-ready message on failure.
+* ``to_wire_path`` -- rlvr checkpoint paths into the ``tinker://`` form the SDK insists on.
+
+Not here: HTTP routing (``app.py``), which request runs when (``state.py``), any model math (``rlvr.engine``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import pydantic
+import zstandard
+from google.protobuf.message import DecodeError
+from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+
+__all__ = [
+    "BadRequest",
+    "FwdBwdCall",
+    "ProtoPayload",
+    "decode_forward_backward",
+    "decompress",
+    "encode_forward_backward_output",
+    "encode_sample_response",
+    "parse_json",
+    "to_wire_path",
+]
+
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+PROTO_CONTENT_TYPE = "application/x-protobuf"
+
+_DTYPES: dict[int, tuple[str, np.dtype]] = {
+    pb.DTYPE_FLOAT32: ("float32", np.dtype(np.float32)),
+    pb.DTYPE_INT64: ("int64", np.dtype(np.int64)),
+    pb.DTYPE_INT32: ("int64", np.dtype(np.int32)),
+}
+_TO_PROTO_DTYPE = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.int64): pb.DTYPE_INT64}
+_STOP_REASONS = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
+
+
+class BadRequest(ValueError):
+    """A request body that cannot be understood; the message names the field, the value and the fix (HTTP 400)."""
+
+    def __init__(self, message: str, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+@dataclass
+class ProtoPayload:
+    """A result already serialized as protobuf (served with ``Content-Type: application/x-protobuf``)."""
+
+    data: bytes
+
+
+@dataclass
+class FwdBwdCall:
+    """The arguments of one ``/forward_backward`` request, ready for ``TrainingClient.forward[_backward]``."""
+
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+    data: list[types.Datum]
+    forward_only: bool
+
+
+# -- requests -------------------------------------------------------------------------------------------------------
+
+
+def decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
+    """The body with its ``Content-Encoding`` undone (identity or zstd), refusing to inflate past ``max_bytes``."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "zstd":
+        raise BadRequest(f"Content-Encoding {content_encoding!r} is not supported; send identity or zstd", 415)
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(body)
+        out = reader.read(max_bytes + 1)
+    except zstandard.ZstdError as exc:
+        raise BadRequest(f"body is not valid zstd ({exc}); send the raw protobuf or compress it with zstd") from exc
+    if len(out) > max_bytes:
+        raise BadRequest(f"decompressed body exceeds the server limit of {max_bytes} bytes; send fewer datums per "
+                         "request", 413)
+    return out
+
+
+def parse_json(model: type[M], body: bytes) -> M:
+    """``body`` parsed as JSON and validated as ``model`` (a ``tinker.types`` request)."""
+    try:
+        raw = json.loads(body or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"{model.__name__}: body is not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{model.__name__}: body must be a JSON object, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']} "
+                             f"(got {_short(e.get('input'))})" for e in exc.errors()[:5])
+        raise BadRequest(f"{model.__name__}: {problems}") from exc
+
+
+def decode_forward_backward(body: bytes) -> FwdBwdCall:
+    """A ``ForwardBackwardRequest`` protobuf into rlvr arguments; BadRequest names what is wrong."""
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except (DecodeError, RuntimeError) as exc:
+        raise BadRequest(f"forward_backward: body is not a tinker ForwardBackwardRequest protobuf ({exc}); send it "
+                         f"with Content-Type {PROTO_CONTENT_TYPE} as the tinker SDK does") from exc
+    if not msg.model_id:
+        raise BadRequest("forward_backward: model_id is empty; use the model_id create_model returned")
+    if not msg.loss_fn:
+        raise BadRequest("forward_backward: loss_fn is empty; name a loss such as 'cross_entropy'")
+    config: dict[str, float] = {}
+    for key, value in msg.loss_fn_config_v2.items():
+        if value.WhichOneof("value") != "number":
+            raise BadRequest(f"forward_backward: loss_fn_config[{key!r}] is {value.text!r}; rlvr losses take numbers")
+        config[key] = value.number
+    for key, number in msg.loss_fn_config.items():
+        config.setdefault(key, number)
+    data = [_datum(d, i) for i, d in enumerate(msg.data)]
+    if not data:
+        raise BadRequest("forward_backward: data is empty; send at least one Datum")
+    return FwdBwdCall(msg.model_id, msg.seq_id, msg.loss_fn, config or None, data, msg.forward_only)
+
+
+def _datum(msg: pb.Datum, index: int) -> types.Datum:
+    chunks: list[types.ModelInputChunk] = []
+    for j, chunk in enumerate(msg.model_input):
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise BadRequest(f"forward_backward: data[{index}].model_input[{j}] is a {kind or 'empty'} chunk; rlvr "
+                             "models take text tokens only (EncodedTextChunk)")
+        raw = chunk.encoded_text.tokens
+        if len(raw) % 4:
+            raise BadRequest(f"forward_backward: data[{index}].model_input[{j}].tokens has {len(raw)} bytes, not a "
+                             "whole number of int32 tokens")
+        chunks.append(types.EncodedTextChunk(tokens=np.frombuffer(raw, dtype=np.int32).tolist()))
+    inputs = {name: _tensor(t, f"data[{index}].loss_fn_inputs[{name!r}]") for name, t in msg.loss_fn_inputs.items()}
+    return types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+
+
+def _tensor(msg: pb.Tensor, where: str) -> types.TensorData:
+    if msg.dtype not in _DTYPES:
+        raise BadRequest(f"forward_backward: {where} has dtype {msg.dtype}; send float32 or int64")
+    name, np_dtype = _DTYPES[msg.dtype]
+    shape = list(msg.shape) or None
+    try:
+        if msg.WhichOneof("encoding") == "sparse_csr":
+            csr = msg.sparse_csr
+            values = np.frombuffer(csr.values, dtype=np_dtype)
+            return types.TensorData(data=values, dtype=name, shape=shape,  # type: ignore[arg-type]
+                                    sparse_crow_indices=np.frombuffer(csr.crow_indices, np.int64).tolist(),
+                                    sparse_col_indices=np.frombuffer(csr.col_indices, np.int64).tolist())
+        array = np.frombuffer(msg.dense, dtype=np_dtype)
+        return types.TensorData(data=array, dtype=name, shape=shape)  # type: ignore[arg-type]
+    except ValueError as exc:  # buffer length or shape that does not fit the dtype
+        raise BadRequest(f"forward_backward: {where} does not decode ({exc}); its bytes must hold prod(shape) "
+                         f"values of its dtype") from exc
+
+
+# -- responses ------------------------------------------------------------------------------------------------------
+
+
+def encode_forward_backward_output(out: types.ForwardBackwardOutput) -> ProtoPayload:
+    """A ``ForwardBackwardOutput`` as the protobuf the SDK's ``deserialize_forward_backward_output`` reads."""
+    msg = pb.ForwardBackwardOutput(loss_fn_output_type=out.loss_fn_output_type or "ArrayRecord")
+    for key, value in out.metrics.items():
+        msg.metrics[key] = float(value)
+    if out.loss_fn_outputs:
+        record = msg.loss_fn_outputs.add(num_datums=len(out.loss_fn_outputs))
+        for name in out.loss_fn_outputs[0]:
+            arrays = [np.ascontiguousarray(d[name].to_numpy()) for d in out.loss_fn_outputs]
+            dtype = np.dtype(np.float32) if arrays[0].dtype.kind == "f" else np.dtype(np.int64)
+            arrays = [a.astype(dtype, copy=False) for a in arrays]
+            offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
+            record.fields[name].CopyFrom(pb.BatchedTensor(
+                data=b"".join(a.tobytes() for a in arrays), offsets=offsets.tobytes(), dtype=_TO_PROTO_DTYPE[dtype],
+                trailing_shape=list(arrays[0].shape[1:])))
+    return ProtoPayload(msg.SerializeToString())
+
+
+def encode_sample_response(resp: types.SampleResponse) -> ProtoPayload:
+    """A ``SampleResponse`` as the protobuf the SDK's ``deserialize_sample_response`` reads."""
+    msg = pb.SampleResponse(prompt_cache_hit_tokens=resp.prompt_cache_hit_tokens)
+    for seq in resp.sequences:
+        out = msg.sequences.add(stop_reason=_STOP_REASONS[seq.stop_reason],
+                                tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes())
+        if seq.logprobs is not None:
+            out.logprobs = np.asarray(seq.logprobs, dtype=np.float32).tobytes()
+    if resp.prompt_logprobs is not None:
+        values = [np.nan if v is None else v for v in resp.prompt_logprobs]
+        msg.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    return ProtoPayload(msg.SerializeToString())
+
+
+def to_wire_path(path: str) -> str:
+    """``rlvr://run/kind/name`` as ``tinker://run/kind/name`` (the SDK only accepts tinker:// paths)."""
+    return "tinker://" + path[len("rlvr://"):] if path.startswith("rlvr://") else path
+
+
+def json_body(model: pydantic.BaseModel | dict[str, Any] | None) -> Any:
+    """A response object as JSON-ready data (pydantic models dumped the way the SDK reads them)."""
+    if isinstance(model, pydantic.BaseModel):
+        return model.model_dump(mode="json", exclude_none=True)
+    return model
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

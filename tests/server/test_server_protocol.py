@@ -1,0 +1,88 @@
+"""Protocol details: seq_id ordering, training-run and checkpoint listing through the SDK's RestClient, sessions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import httpx
+import pytest
+import tinker
+from tinker import types
+
+from rlvr.server.state import Sequencer, done
+
+
+def test_server_sequencer_runs_jobs_in_seq_id_order():
+    pool = ThreadPoolExecutor(4)
+    ran: list[int] = []
+    seq = Sequencer(pool, first_seq=1, gap_timeout_s=0.3)
+
+    def job(n: int):
+        return lambda: (ran.append(n), done(n))[1]
+
+    futures = {}
+    for n in (3, 1, 2):  # arrive out of order
+        _, futures[n] = seq.submit(n, f"r{n}", job(n))
+    assert [futures[n].result(timeout=5) for n in (1, 2, 3)] == [1, 2, 3]
+    assert ran == [1, 2, 3]
+    assert seq.submit(2, "again", job(2)) == ("r2", None)  # a retried request gets its first future's id
+
+    # A failing job fails alone; a seq_id that never arrives is skipped after the gap timeout.
+    _, bad = seq.submit(4, "r4", lambda: (_ for _ in ()).throw(ValueError("boom")))
+    with pytest.raises(ValueError, match="boom"):
+        bad.result(timeout=5)
+    started = time.monotonic()
+    _, late = seq.submit(6, "r6", job(6))
+    assert late.result(timeout=5) == 6 and time.monotonic() - started >= 0.25
+    pool.shutdown()
+
+
+def test_server_sequencer_waits_for_slow_jobs():
+    pool = ThreadPoolExecutor(4)
+    seq = Sequencer(pool, first_seq=1)
+    gate: Future = Future()
+    order: list[str] = []
+    _, first = seq.submit(1, "a", lambda: (order.append("a"), gate)[1])
+    _, second = seq.submit(2, "b", lambda: (order.append("b"), done("b"))[1])
+    time.sleep(0.1)
+    assert order == ["a"] and not second.done()
+    threading.Timer(0.05, gate.set_result, ["a"]).start()
+    assert second.result(timeout=5) == "b" and first.result() == "a" and order == ["a", "b"]
+    time.sleep(0.1)  # let the sequencer release its turn before the pool goes away
+    pool.shutdown()
+
+
+def test_server_lists_and_deletes_checkpoints(sdk):
+    tc = sdk.create_lora_training_client(base_model="tiny", rank=2, seed=3).result()
+    state_path = tc.save_state("s1").result().path
+    sampler_path = tc.save_weights_for_sampler("w1").result().path
+    run_id = state_path.split("/")[2]
+    rest = sdk.create_rest_client()
+    run = rest.get_training_run(run_id).result()
+    assert run.training_run_id == run_id and run.base_model == "tiny" and run.lora_rank == 2
+    ids = {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints}
+    assert ids == {"weights/s1", "sampler_weights/w1"}
+    assert run_id in {r.training_run_id for r in rest.list_training_runs(limit=1000).result().training_runs}
+    assert sampler_path in {c.tinker_path for c in rest.list_user_checkpoints(limit=1000).result().checkpoints}
+    rest.delete_checkpoint(run_id, "sampler_weights/w1").result()
+    ids = {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints}
+    assert ids == {"weights/s1"}
+    with pytest.raises(Exception):  # noqa: B017 - the SDK raises its NotFoundError wrapped by its future
+        rest.delete_checkpoint(run_id, "sampler_weights/w1").result()
+
+
+def test_server_finished_session_is_gone(server):
+    client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+    tc = client.create_lora_training_client(base_model="tiny", rank=2, seed=9).result()
+    model_id = tc.model_id
+    session_id = model_id.split(":")[0]
+    client.close("success").result()
+    with httpx.Client(base_url=server.base_url + "/api/v1", headers={"X-API-Key": server.api_key}) as http:
+        assert http.post("/session_heartbeat", json={"session_id": session_id}).status_code == 410
+        assert http.post("/get_info", json={"model_id": model_id}).status_code == 404
+        sample = {"sampling_session_id": f"{session_id}:sample:0", "seq_id": 0, "num_samples": 1,
+                  "prompt": types.ModelInput.from_ints([1, 2]).model_dump(mode="json"),
+                  "sampling_params": {"max_tokens": 2}}
+        assert http.post("/asample", json=sample).status_code == 404

@@ -1,0 +1,110 @@
+"""The official tinker SDK, unchanged, trains and samples through ``rlvr serve`` with the same numbers as the
+in-process ``rlvr.ServiceClient``."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from tinker import types
+
+PROMPT = [72, 101, 108, 108, 111, 32]
+COMPLETION = [119, 111, 114, 108, 100, 33]
+TOKENS = PROMPT + COMPLETION
+CONFIGS: dict[str, dict[str, float] | None] = {
+    "cross_entropy": None, "importance_sampling": None, "ppo": {"clip_low_threshold": 0.7},
+    "cispo": None, "dro": {"beta": 0.5},
+}
+
+
+def _datum(loss: str, shift: float) -> types.Datum:
+    n = len(TOKENS) - 1
+    inputs: dict = {"target_tokens": types.TensorData(data=TOKENS[1:], dtype="int64")}
+    if loss == "cross_entropy":
+        inputs["weights"] = types.TensorData(data=[0.0] * 4 + [1.0] * (n - 4), dtype="float32")
+    else:
+        inputs["logprobs"] = types.TensorData(data=[-5.0 + shift + 0.1 * i for i in range(n)], dtype="float32")
+        inputs["advantages"] = types.TensorData(data=[0.0] * 4 + [1.0 - shift] * (n - 4), dtype="float32")
+    return types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]), loss_fn_inputs=inputs)
+
+
+def _close(a, b, what: str) -> None:
+    np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), rtol=1e-5,
+                               atol=1e-6, err_msg=what)
+
+
+def test_server_sdk_matches_in_process_client(sdk, service):
+    remote = sdk.create_lora_training_client(base_model="tiny", rank=4, seed=1234).result()
+    local = service.create_lora_training_client("tiny", rank=4, seed=1234)
+    adam = types.AdamParams(learning_rate=5e-3)
+
+    info = remote.get_info()
+    assert re.fullmatch(r"session-[0-9a-f]+:train:\d+", info.model_id) and info.lora_rank == 4
+    tokenizer = remote.get_tokenizer()  # loads the tokenizer folder the server hands out, offline
+    text = "Hello world <|im_end|>"
+    assert tokenizer.encode(text) == local.get_tokenizer().encode(text)
+    assert tokenizer.decode(tokenizer.encode("Hello")) == "Hello"
+
+    for step, loss in enumerate(CONFIGS):
+        data = [_datum(loss, 0.0), _datum(loss, 0.5)]
+        fwd_remote = remote.forward_backward(data, loss, CONFIGS[loss])
+        opt_remote = remote.optim_step(adam)  # submitted before the result is awaited: order is kept
+        out_local = local.forward_backward(data, loss, CONFIGS[loss]).result()
+        opt_local = local.optim_step(adam).result()
+        out_remote = fwd_remote.result()
+        assert set(out_remote.metrics) == set(out_local.metrics), loss
+        assert all(":" in key for key in out_remote.metrics)
+        for key in out_local.metrics:
+            _close(out_remote.metrics[key], out_local.metrics[key], f"{loss} {key}")
+        for r, lo in zip(out_remote.loss_fn_outputs, out_local.loss_fn_outputs, strict=True):
+            _close(r["logprobs"].to_numpy(), lo["logprobs"].to_numpy(), f"{loss} logprobs step {step}")
+        _close(opt_remote.result().metrics["grad_norm:mean"], opt_local.metrics["grad_norm:mean"], loss)
+
+    # forward only: same numbers, no gradient
+    probe = [_datum("cross_entropy", 0.0)]
+    _close(remote.forward(probe, "cross_entropy").result().metrics["loss:sum"],
+           local.forward(probe, "cross_entropy").result().metrics["loss:sum"], "forward")
+
+    # sampling on the trained weights
+    sampler_remote = remote.save_weights_and_get_sampling_client().result()
+    sampler_local = local.save_weights_and_get_sampling_client()
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=7)
+    prompt = types.ModelInput.from_ints(PROMPT)
+    got = sampler_remote.sample(prompt, 2, params).result()
+    want = sampler_local.sample(prompt, 2, params).result()
+    assert [s.tokens for s in got.sequences] == [s.tokens for s in want.sequences]
+    for g, w in zip(got.sequences, want.sequences, strict=True):
+        _close(g.logprobs, w.logprobs, "sampled logprobs")
+        assert g.sequence_id and g.stop_reason == w.stop_reason
+    lp_remote = sampler_remote.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    lp_local = sampler_local.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    assert lp_remote[0] is None and lp_local[0] is None
+    _close(lp_remote[1:], lp_local[1:], "prompt logprobs (weights)")
+
+    # save_state, then resume with the optimizer: the next step matches the uninterrupted local run
+    saved = remote.save_state("ckpt").result()
+    assert saved.path.startswith("tinker://") and saved.path.endswith("/weights/ckpt")
+    resumed = sdk.create_training_client_from_state_with_optimizer(saved.path).result()
+    data = [_datum("importance_sampling", 0.25)]
+    out_resumed = resumed.forward_backward(data, "importance_sampling").result()
+    resumed.optim_step(adam).result()
+    out_local = local.forward_backward(data, "importance_sampling").result()
+    local.optim_step(adam).result()
+    _close(out_resumed.metrics["loss:sum"], out_local.metrics["loss:sum"], "resumed loss")
+    after_remote = resumed.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    after_local = local.forward(probe, "cross_entropy").result().metrics["loss:sum"]
+    _close(after_remote, after_local, "resumed weights after a step")
+
+    # a named sampler checkpoint, opened through create_sampling_client
+    path = remote.save_weights_for_sampler("final").result().path
+    assert path.startswith("tinker://")
+    sampler = sdk.create_sampling_client(model_path=path)
+    _close(sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()[1:], lp_remote[1:],
+           "named sampler weights")
+
+
+def test_server_request_errors_reach_the_caller(sdk):
+    remote = sdk.create_lora_training_client(base_model="tiny", rank=2, seed=1).result()
+    with pytest.raises(Exception, match="not a built-in loss"):
+        remote.forward_backward([_datum("cross_entropy", 0.0)], "no_such_loss").result()
