@@ -46,3 +46,19 @@ def test_kl_sample_train_is_zero_before_any_update(service):
     assert abs(metrics["optim/kl_sample_train_v1"]) < 1e-4
     assert metrics["optim/kl_sample_train_v2"] < 1e-7
     assert metrics["optim/entropy"] > 0
+
+
+def test_kl_penalty_by_hand():
+    from rlvr.rl.datums import apply_kl_penalty
+
+    # Two datums, prompt of 2 tokens (1 masked position each), completions of 2 and 1 tokens.
+    d1, m1 = rl_datum([1, 2], [3, 4], [-1.0, -2.0], advantage=0.5)
+    d2, m2 = rl_datum([1, 2], [5], [-0.5], advantage=-0.5)
+    # base logprobs of targets: k = q - base on sampled tokens: d1 -> [-1 - -1.5, -2 - -2.0] = [0.5, 0.0];
+    # d2 -> [-0.5 - -1.0] = [0.5]; mean k = 1/3; coef 0.3: A += 0.3 * (1/3 - k)
+    out, metrics = apply_kl_penalty([d1, d2], [m1, m2], [[0.0, -1.5, -2.0], [0.0, -1.0]], coef=0.3)
+    assert metrics["kl_policy_base"] == pytest.approx(1 / 3)
+    assert out[0].loss_fn_inputs["advantages"].tolist() == pytest.approx(
+        [0.0, 0.5 + 0.3 * (1 / 3 - 0.5), 0.5 + 0.3 * (1 / 3)])
+    assert out[1].loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, -0.5 + 0.3 * (1 / 3 - 0.5)])
+    assert out[0].loss_fn_inputs["target_tokens"].tolist() == d1.loss_fn_inputs["target_tokens"].tolist()

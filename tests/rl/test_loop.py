@@ -131,3 +131,11 @@ def test_a_stale_sampler_is_detected(service):
     training_client.optim_step(types.AdamParams(learning_rate=5e-2)).result()
     with pytest.raises(SamplingError, match="does not use the current weights"):
         check_sampler_fresh(training_client, old, probe, 1e-3)
+
+
+def test_kl_penalty_runs_and_reports_kl_to_the_base(tmp_path):
+    train(config(tmp_path, steps=3, kl_penalty_coef=0.1), SayA())
+    kls = [m["kl_policy_base"] for m in metrics_of(tmp_path) if "kl_policy_base" in m]
+    assert len(kls) >= 2
+    assert abs(kls[0]) < 1e-3  # before any update the policy is the base model
+    assert kls[-1] != pytest.approx(0.0, abs=1e-4)  # after updates it has moved

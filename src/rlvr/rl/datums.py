@@ -63,3 +63,30 @@ def sample_train_metrics(
         "optim/entropy": -sum(train) / n,
         "optim/max_abs_logprob_diff": max(abs(d) for d in diffs) if all(math.isfinite(d) for d in diffs) else math.inf,
     }
+
+
+def apply_kl_penalty(
+    datums: Sequence[types.Datum], masks: Sequence[Sequence[float]], base_logprobs: Sequence[Sequence[float]],
+    coef: float,
+) -> tuple[list[types.Datum], dict[str, float]]:
+    """Penalise drifting from a reference (base) model, per token, inside the advantages.
+
+    With ``k_t = log q(x_t) - log p_base(x_t)`` on sampled tokens (q: the sampler, i.e. the current policy) and
+    ``k̄`` its mean over the batch, each sampled token's advantage becomes ``A_t + coef * (k̄ - k_t)``: tokens the
+    policy likes much more than the base model are pushed back, and the batch's mean advantage is unchanged.
+    ``base_logprobs[i]`` are the base model's logprobs of datum i's target tokens. Metric: ``kl_policy_base``
+    (the mean ``k_t``).
+    """
+    diffs: list[list[float]] = []
+    for datum, mask, base in zip(datums, masks, base_logprobs, strict=True):
+        sampled = datum.loss_fn_inputs["logprobs"].tolist()
+        diffs.append([(q - b) if m else 0.0 for q, b, m in zip(sampled, base, mask, strict=True)])
+    count = sum(sum(m) for m in masks)
+    mean = sum(sum(d) for d in diffs) / count if count else 0.0
+    out = []
+    for datum, mask, diff in zip(datums, masks, diffs, strict=True):
+        advantages = datum.loss_fn_inputs["advantages"].tolist()
+        adjusted = [a + coef * (mean - k) if m else a for a, k, m in zip(advantages, diff, mask, strict=True)]
+        out.append(types.Datum(model_input=datum.model_input,
+                               loss_fn_inputs={**datum.loss_fn_inputs, "advantages": adjusted}))
+    return out, {"kl_policy_base": mean}

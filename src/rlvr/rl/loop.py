@@ -4,8 +4,8 @@ Setup, then one ``for step`` whose body is a series of paragraphs, each a phase:
 roll out, score (in killable workers: a reward that hangs or raises is counted, not scored 0), advantages, datums,
 train, log, checkpoint. It drives only the client API, so the same loop runs on the in-process engine or a server.
 
-Not yet here (the RL-loop issue lists them): multi-turn environments, streaming and async off-policy modes, the KL
-penalty to the base model, PPO/GRPO algorithm objects, rollout HTML pages.
+Not yet here (the RL-loop issue lists them): multi-turn environments, streaming and async off-policy modes, PPO/GRPO
+algorithm objects, rollout HTML pages.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
-from rlvr.rl.datums import rl_datum, sample_train_metrics
+from rlvr.rl.datums import apply_kl_penalty, rl_datum, sample_train_metrics
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -54,6 +54,8 @@ class LoopConfig:
     """AdamW learning rate."""
     num_substeps: int = 1
     """Optimizer steps per batch; the datums are split into this many minibatches."""
+    kl_penalty_coef: float = 0.0
+    """Weight of the per-token KL penalty to the base model inside the advantages (0 = disabled)."""
     # Sampling
     max_tokens: int = 32
     """Most tokens per answer."""
@@ -81,6 +83,8 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.num_substeps < 1:
             raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
+        if self.kl_penalty_coef < 0:
+            raise ConfigurationError(f"kl_penalty_coef={self.kl_penalty_coef}: must be >= 0 (0 disables it)")
         if self.group_size < 2:
             raise ConfigurationError(f"group_size={self.group_size}: centred advantages need at least 2 samples")
 
@@ -139,6 +143,8 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
     adam = types.AdamParams(learning_rate=config.learning_rate)
     runner = RewardRunner(source.reward(), timeout=config.reward_timeout)
     probe = source.render_ids(train_problems[0], tokenizer)[:16]
+    reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
+                 if config.kl_penalty_coef > 0 else None)
     results: dict[str, Any] = {}
 
     with runner, open(run_dir / "metrics.jsonl", "a") as log:
@@ -188,6 +194,12 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                     masks.append(mask)
                     sampled.append(datum.loss_fn_inputs["logprobs"].tolist())
             metrics.update(group_outcomes(rewards_by_group))
+            if reference is not None and datums:  # KL penalty: base-model logprobs of the same tokens
+                futures = [reference.compute_logprobs(types.ModelInput.from_ints(
+                    d.model_input.to_ints() + d.loss_fn_inputs["target_tokens"].tolist()[-1:])) for d in datums]
+                base = [f.result()[1:] for f in futures]
+                datums, kl_metrics = apply_kl_penalty(datums, masks, base, config.kl_penalty_coef)
+                metrics.update(kl_metrics)
             metrics["env/all/ac_tokens_per_turn"] = sum(len(s.tokens) for seqs in groups for s in seqs) / len(items)
 
             # Train: num_substeps minibatches, each a forward_backward and an optim_step.
