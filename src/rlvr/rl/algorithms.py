@@ -1,0 +1,307 @@
+"""High-level algorithms with the TenSafe cookbook's API: ``algo.update(batch, training_client)``.
+
+``REINFORCE``, ``PPO`` and ``GRPO`` turn a ``TrajectoryBatch`` (answers with their rewards) into advantages and
+datums and train through the client API with the engine's built-in losses; ``get_state`` / ``from_state`` carry
+their small state (a running baseline) across checkpoints. ``MockRolloutSampler`` produces trajectories without a
+model, to test a pipeline.
+
+Not here: a value head. ``PPOConfig(value_coef > 0)`` (GAE with a learned critic) is refused with an error rather
+than silently ignored; group-relative advantages (GRPO) are the critic-free alternative.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rlvr import types
+from rlvr.errors import ConfigurationError
+from rlvr.rl.advantages import RunningBaseline, group_advantages
+from rlvr.rl.datums import rl_datum, sample_train_metrics
+
+
+@dataclass
+class Trajectory:
+    """One sampled answer and what it earned."""
+
+    prompt: str
+    """The prompt text."""
+    response: str
+    """The answer text."""
+    prompt_tokens: list[int]
+    """Prompt token ids."""
+    response_tokens: list[int]
+    """Answer token ids."""
+    logprobs: list[float] | None = None
+    """Sampler logprobs of the answer tokens; None: taken from the trainer at update time (on-policy)."""
+    reward: float = 0.0
+    """Set by the user's reward function."""
+    group: int | None = None
+    """Which prompt's group this answer belongs to (GRPO centres within groups)."""
+
+
+@dataclass
+class TrajectoryBatch:
+    """A batch of trajectories with reward statistics."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    """The answers."""
+
+    @property
+    def mean_reward(self) -> float:
+        return statistics.fmean(t.reward for t in self.trajectories) if self.trajectories else 0.0
+
+    @property
+    def std_reward(self) -> float:
+        return statistics.pstdev(t.reward for t in self.trajectories) if len(self.trajectories) > 1 else 0.0
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return iter(self.trajectories)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def __getitem__(self, index: int) -> Trajectory:
+        return self.trajectories[index]
+
+
+@dataclass
+class UpdateResult:
+    """What one ``update`` did."""
+
+    policy_loss: float
+    """The policy loss (sum over tokens, as the engine reports it), averaged over optimizer steps."""
+    value_loss: float = 0.0
+    """Always 0: no value head (see the module docstring)."""
+    entropy: float = 0.0
+    """Sampled estimate of the per-token entropy before the update."""
+    kl_divergence: float = 0.0
+    """Mean (log q - log p) between the sampler and the updated policy on the batch's tokens (0 when on-policy)."""
+    grad_norm: float = 0.0
+    """Gradient norm before clipping, of the last optimizer step."""
+    steps: int = 0
+    """Optimizer steps taken."""
+
+
+class MockRolloutSampler:
+    """Trajectories without a model: canned answers encoded as byte tokens (valid ids for every rlvr model)."""
+
+    RESPONSES = ("The answer is 42.", "Step 1: think. Step 2: the solution is 7.", "I am not sure.",
+                 "Therefore, the result is 12 and the answer follows.")
+
+    def __init__(self, max_new_tokens: int = 64, seed: int = 0) -> None:
+        self.max_new_tokens = max_new_tokens
+        self.rng = random.Random(seed)
+
+    def generate_trajectories(self, prompts: Sequence[str], group_size: int = 1) -> TrajectoryBatch:
+        out = []
+        for g, prompt in enumerate(prompts):
+            for _ in range(group_size):
+                response = self.rng.choice(self.RESPONSES)
+                tokens = list(response.encode())[: self.max_new_tokens]
+                out.append(Trajectory(prompt, bytes(tokens).decode(errors="ignore"), list(prompt.encode()) or [32],
+                                      tokens, None, 0.0, g))
+        return TrajectoryBatch(out)
+
+
+@dataclass
+class REINFORCEConfig:
+    learning_rate: float = 1e-5
+    """AdamW learning rate."""
+    use_baseline: bool = True
+    """Subtract a running mean of rewards (else raw rewards are the advantages)."""
+    normalize_advantages: bool = True
+    """Divide advantages by the batch's standard deviation."""
+    entropy_coef: float = 0.0
+    """Not supported yet by the built-in losses: must be 0."""
+    baseline_decay: float = 0.9
+    """Running-baseline decay."""
+
+
+@dataclass
+class PPOConfig:
+    learning_rate: float = 1e-5
+    """AdamW learning rate."""
+    clip_range: float = 0.2
+    """Ratios are clipped to [1 - clip_range, 1 + clip_range]."""
+    ppo_epochs: int = 4
+    """Passes over the batch per update."""
+    target_kl: float | None = None
+    """Stop the epochs early once the mean KL to the sampler exceeds this (None: never)."""
+    value_coef: float = 0.0
+    """Value-head weight; must be 0 (no critic, see the module docstring)."""
+    entropy_coef: float = 0.0
+    """Not supported yet by the built-in losses: must be 0."""
+    normalize_advantages: bool = True
+    """Divide advantages by the batch's standard deviation."""
+    reward_normalization: bool = False
+    """Standardise rewards over the batch before the baseline."""
+    kl_penalty_coef: float = 0.0
+    """Reserved; the loop's kl_penalty_coef applies a KL penalty to the base model. Must be 0 here."""
+
+
+@dataclass
+class GRPOConfig:
+    learning_rate: float = 1e-5
+    """AdamW learning rate."""
+    clip_range: float = 0.2
+    """PPO-style ratio clipping around 1."""
+    normalize_std: bool = True
+    """Divide group-centred advantages by the group's std (GRPO's original form)."""
+
+
+def _unsupported(config: Any) -> None:
+    for name in ("entropy_coef", "value_coef", "kl_penalty_coef"):
+        value = getattr(config, name, 0.0)
+        if value:
+            raise ConfigurationError(f"{type(config).__name__}.{name}={value}: not supported yet; set it to 0 "
+                                     "(a KL penalty to the base model is LoopConfig.kl_penalty_coef)")
+
+
+class _Algorithm:
+    config: Any
+    loss_fn = "importance_sampling"
+
+    def _advantages(self, batch: TrajectoryBatch) -> list[float]:
+        raise NotImplementedError
+
+    def _loss_config(self) -> dict[str, float] | None:
+        return None
+
+    def _epochs(self) -> int:
+        return 1
+
+    def update(self, batch: TrajectoryBatch, training_client: Any) -> UpdateResult:
+        """Train on ``batch``: advantages, datums, forward_backward and optim_step (``ppo_epochs`` times for PPO)."""
+        if not len(batch):
+            raise ConfigurationError("update() got an empty TrajectoryBatch")
+        advantages = self._advantages(batch)
+        trajectories = list(batch)
+        missing = [i for i, t in enumerate(trajectories) if t.logprobs is None]
+        if missing:  # on-policy: the trainer's current logprobs stand in for the sampler's
+            probe = [rl_datum(t.prompt_tokens, t.response_tokens, [0.0] * len(t.response_tokens), 0.0)[0]
+                     for t in (trajectories[i] for i in missing)]
+            outs = training_client.forward(probe, "importance_sampling").result().loss_fn_outputs
+            for i, out in zip(missing, outs, strict=True):
+                lp = out["logprobs"].tolist()
+                trajectories[i].logprobs = lp[len(lp) - len(trajectories[i].response_tokens):]
+        built = [rl_datum(t.prompt_tokens, t.response_tokens, t.logprobs, a)
+                 for t, a in zip(trajectories, advantages, strict=True)]
+        datums, masks = [d for d, _ in built], [m for _, m in built]
+        sampled = [d.loss_fn_inputs["logprobs"].tolist() for d in datums]
+        adam = types.AdamParams(learning_rate=self.config.learning_rate)
+        result = UpdateResult(policy_loss=0.0)
+        losses = []
+        for epoch in range(self._epochs()):
+            out = training_client.forward_backward(datums, self.loss_fn, self._loss_config()).result()
+            metrics = training_client.optim_step(adam).result().metrics
+            compare = sample_train_metrics([o["logprobs"].tolist() for o in out.loss_fn_outputs], sampled, masks)
+            if epoch == 0:
+                result.entropy = compare.get("optim/entropy", 0.0)
+            result.kl_divergence = compare.get("optim/kl_sample_train_v1", 0.0)
+            losses.append(out.metrics["loss:sum"])
+            result.grad_norm = metrics["grad_norm:mean"]
+            result.steps += 1
+            target = getattr(self.config, "target_kl", None)
+            if target is not None and abs(result.kl_divergence) > target:
+                break
+        result.policy_loss = sum(losses) / len(losses)
+        return result
+
+    def get_state(self) -> dict[str, Any]:
+        return {"algorithm": type(self).__name__, "config": asdict(self.config), **self._state()}
+
+    def _state(self) -> dict[str, Any]:
+        return {}
+
+
+def _normalise(values: list[float]) -> list[float]:
+    std = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return [v / (std + 1e-8) for v in values] if std > 0 else values
+
+
+class REINFORCE(_Algorithm):
+    """REINFORCE with an optional running baseline and advantage normalisation."""
+
+    def __init__(self, config: REINFORCEConfig | None = None) -> None:
+        self.config = config or REINFORCEConfig()
+        _unsupported(self.config)
+        self.baseline = RunningBaseline(decay=self.config.baseline_decay)
+
+    def _advantages(self, batch: TrajectoryBatch) -> list[float]:
+        rewards = [t.reward for t in batch]
+        advantages = self.baseline.advantages(rewards) if self.config.use_baseline else rewards
+        return _normalise(advantages) if self.config.normalize_advantages else advantages
+
+    def _state(self) -> dict[str, Any]:
+        return {"baseline": self.baseline.value}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> REINFORCE:
+        algo = cls(REINFORCEConfig(**state["config"]))
+        algo.baseline.value = state.get("baseline")
+        return algo
+
+
+class PPO(REINFORCE):
+    """PPO's clipped objective over ``ppo_epochs`` passes, with a running baseline (no critic)."""
+
+    loss_fn = "ppo"
+
+    def __init__(self, config: PPOConfig | None = None) -> None:
+        self.config = config or PPOConfig()
+        _unsupported(self.config)
+        if not 0 < self.config.clip_range < 1:
+            raise ConfigurationError(f"PPOConfig.clip_range={self.config.clip_range}: must be in (0, 1)")
+        self.baseline = RunningBaseline()
+
+    def _advantages(self, batch: TrajectoryBatch) -> list[float]:
+        rewards = [t.reward for t in batch]
+        if self.config.reward_normalization:
+            rewards = _normalise([r - statistics.fmean(rewards) for r in rewards])
+        advantages = self.baseline.advantages(rewards)
+        return _normalise(advantages) if self.config.normalize_advantages else advantages
+
+    def _loss_config(self) -> dict[str, float]:
+        return {"clip_low_threshold": 1 - self.config.clip_range, "clip_high_threshold": 1 + self.config.clip_range}
+
+    def _epochs(self) -> int:
+        return self.config.ppo_epochs
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> PPO:
+        algo = cls(PPOConfig(**state["config"]))
+        algo.baseline.value = state.get("baseline")
+        return algo
+
+
+class GRPO(_Algorithm):
+    """Group-relative advantages (centred, optionally std-normalised, within each prompt's group) with PPO clipping."""
+
+    loss_fn = "ppo"
+
+    def __init__(self, config: GRPOConfig | None = None) -> None:
+        self.config = config or GRPOConfig()
+
+    def _advantages(self, batch: TrajectoryBatch) -> list[float]:
+        groups: dict[Any, list[int]] = {}
+        for i, t in enumerate(batch):
+            groups.setdefault(t.group if t.group is not None else t.prompt, []).append(i)
+        advantages = [0.0] * len(batch)
+        for members in groups.values():
+            for i, a in zip(members, group_advantages([batch[i].reward for i in members], self.config.normalize_std),
+                            strict=True):
+                advantages[i] = a
+        return advantages
+
+    def _loss_config(self) -> dict[str, float]:
+        return {"clip_low_threshold": 1 - self.config.clip_range, "clip_high_threshold": 1 + self.config.clip_range}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> GRPO:
+        return cls(GRPOConfig(**state["config"]))
+
+

@@ -1,0 +1,117 @@
+"""REINFORCE / PPO / GRPO: advantages by hand, state round trips, refusals, and learning on tiny."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rlvr.errors import ConfigurationError
+from rlvr.rl.algorithms import (
+    GRPO,
+    PPO,
+    REINFORCE,
+    GRPOConfig,
+    MockRolloutSampler,
+    PPOConfig,
+    REINFORCEConfig,
+    Trajectory,
+    TrajectoryBatch,
+)
+
+SEEDS = Path(__file__).resolve().parents[3] / "shared" / "seeds"
+
+
+def batch_of(rewards, groups=None):
+    return TrajectoryBatch([Trajectory("p", "r", [1, 2], [3, 4], None, r, None if groups is None else groups[i])
+                            for i, r in enumerate(rewards)])
+
+
+def test_reinforce_advantages_by_hand():
+    algo = REINFORCE(REINFORCEConfig(use_baseline=True, normalize_advantages=False, baseline_decay=0.5))
+    assert algo._advantages(batch_of([1.0, 0.0])) == [0.5, -0.5]  # baseline = first batch mean 0.5
+    assert algo._advantages(batch_of([1.0])) == [0.5]  # against 0.5; baseline becomes 0.75
+    restored = REINFORCE.from_state(algo.get_state())
+    assert restored.baseline.value == 0.75 and restored.config == algo.config
+    raw = REINFORCE(REINFORCEConfig(use_baseline=False, normalize_advantages=True))
+    assert raw._advantages(batch_of([2.0, 0.0])) == pytest.approx([2.0, 0.0])  # std 1: unchanged
+
+
+def test_grpo_centres_within_groups():
+    algo = GRPO(GRPOConfig(normalize_std=False))
+    assert algo._advantages(batch_of([1.0, 0.0, 5.0, 5.0], groups=[0, 0, 1, 1])) == [0.5, -0.5, 0.0, 0.0]
+
+
+def test_unsupported_options_are_refused():
+    with pytest.raises(ConfigurationError, match="value_coef=0.5: not supported yet"):
+        PPO(PPOConfig(value_coef=0.5))
+    with pytest.raises(ConfigurationError, match="entropy_coef=0.01"):
+        REINFORCE(REINFORCEConfig(entropy_coef=0.01))
+    with pytest.raises(ConfigurationError, match="clip_range"):
+        PPO(PPOConfig(clip_range=1.5))
+
+
+def test_batch_statistics():
+    batch = batch_of([1.0, 0.0, 0.5])
+    assert batch.mean_reward == pytest.approx(0.5)
+    assert batch.std_reward == pytest.approx((1 / 6) ** 0.5)
+    assert len(batch) == 3 and batch[0].reward == 1.0
+
+
+def logprob_of(tc, trajectory):
+    from rlvr.rl.datums import rl_datum
+
+    datum, _ = rl_datum(trajectory.prompt_tokens, trajectory.response_tokens, [0.0] * len(trajectory.response_tokens),
+                        0.0)
+    return sum(tc.forward([datum], "importance_sampling").result().loss_fn_outputs[0]["logprobs"].tolist()
+               [-len(trajectory.response_tokens):])
+
+
+@pytest.mark.parametrize("algo", [REINFORCE(REINFORCEConfig(learning_rate=1e-2)),
+                                  PPO(PPOConfig(learning_rate=1e-2, ppo_epochs=2)),
+                                  GRPO(GRPOConfig(learning_rate=1e-2))])
+def test_rewarded_answers_become_likelier(service, algo):
+    tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=0)
+    sampler = MockRolloutSampler(max_new_tokens=16, seed=0)
+    good = Trajectory("Q", "", list(b"Q"), list(b"The answer is 42."))
+    before = logprob_of(tc, good)
+    for _ in range(4):
+        batch = sampler.generate_trajectories(["Q", "R"], group_size=4)
+        for t in batch:
+            t.reward = 1.0 if "42" in t.response else 0.0
+        result = algo.update(batch, tc)
+    assert result.steps == (2 if isinstance(algo, PPO) else 1)
+    assert result.grad_norm > 0
+    assert logprob_of(tc, good) > before + 1.0
+
+
+def test_target_kl_stops_ppo_epochs_early(service):
+    tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=0)
+    batch = MockRolloutSampler(seed=1).generate_trajectories(["Q"], group_size=4)
+    for i, t in enumerate(batch):
+        t.reward = float(i % 2)
+    result = PPO(PPOConfig(learning_rate=1e-2, ppo_epochs=4, target_kl=1e-9)).update(batch, tc)
+    assert result.steps == 2  # epoch 1 is on-policy (KL 0); after one update the KL passes the target
+
+
+def test_tensafe_cookbook_training_loop_runs_as_written(service):
+    # The seed's "Step 4: Training Loop" block, run verbatim with rlvr's objects bound to its names.
+    if not SEEDS.is_dir():
+        pytest.skip(f"seed documents not found at {SEEDS}")
+    text = next((p.read_text() for p in sorted(SEEDS.glob("*.txt")) if "Cookbook: RLVR Training" in p.read_text()),
+                None)
+    if text is None:
+        pytest.skip("the TenSafe RLVR cookbook is not among the seeds")
+    step4 = text.split("## Step 4: Training Loop", 1)[1]
+    block = re.search(r"```python\n(.*?)```", step4, re.S).group(1)
+    from rlvr.rewards import resolve_reward
+
+    scope = {
+        "tc": service.create_lora_training_client(base_model="tiny", rank=8, seed=0),
+        "sampler": MockRolloutSampler(max_new_tokens=64),
+        "reward_fn": resolve_reward("keyword_contains", keywords=["answer"]),
+        "algo": REINFORCE(REINFORCEConfig(learning_rate=1e-3, use_baseline=True, normalize_advantages=True)),
+        "print": lambda *args, **kwargs: None,
+    }
+    exec(block, scope)
+    assert scope["epoch"] == scope["num_epochs"] - 1
+    assert isinstance(scope["result"].policy_loss, float) and scope["result"].grad_norm > 0
