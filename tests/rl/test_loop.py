@@ -55,6 +55,9 @@ def test_reward_rises(tmp_path):
     first = metrics_of(tmp_path)[0]
     assert abs(first["optim/kl_sample_train_v1"]) < 1e-3  # sampler and trainer agree before the first update
     assert first["env/all/reward/errors:sum"] == 0
+    for key in ("env/all/correct", "optim/grad_norm", "optim/lr", "by_group/frac_mixed", "time/sample",
+                "time/reward", "time/train", "time/total", "tokens_per_s", "optim/entropy"):
+        assert key in first, key
 
 
 def test_resume_matches_an_uninterrupted_run(tmp_path):

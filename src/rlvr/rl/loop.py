@@ -176,6 +176,12 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                      for p, seqs in zip(problems, groups, strict=True) for s in seqs]
             scores = runner.score(items)
             metrics.update(scores.metrics("env/all/reward"))
+            scored = [v for v in scores.scores if v is not None]
+            for part in ("correct", "format"):  # the parts of format_correct, or: solved = full reward
+                values = [v for v in scores.parts.get(part, []) if v is not None]
+                if values:
+                    metrics[f"env/all/{part}"] = sum(values) / len(values)
+            metrics.setdefault("env/all/correct", sum(v >= 1.0 for v in scored) / max(len(scored), 1))
             metrics["time/reward"] = time.time() - t_reward
 
             # Advantages within each group; groups with equal (or failed) rewards carry no signal.
@@ -213,7 +219,9 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                     out = fwd.result()
                     trained = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
                     metrics.update({f"optim/{key}": v for key, v in out.metrics.items()})
-                    metrics.update(opt.result().metrics)
+                    optim = opt.result().metrics
+                    metrics["optim/grad_norm"] = optim["grad_norm:mean"]
+                    metrics["optim/lr"] = optim["learning_rate:mean"]
                     if k == 0:  # before this step's update: the sampler/trainer comparison
                         metrics.update(sample_train_metrics(trained, sampled[:size], masks[:size]))
             metrics["train/datums"] = len(datums)
@@ -224,6 +232,7 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                 metrics.update(evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
                                         test_problems, runner, config.max_tokens))
             metrics["time/total"] = time.time() - t_start
+            metrics["tokens_per_s"] = metrics["env/all/ac_tokens_per_turn"] * len(items) / metrics["time/total"]
             log.write(json.dumps(metrics) + "\n")
             log.flush()
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
