@@ -115,3 +115,11 @@ def test_tensafe_cookbook_training_loop_runs_as_written(service):
     exec(block, scope)
     assert scope["epoch"] == scope["num_epochs"] - 1
     assert isinstance(scope["result"].policy_loss, float) and scope["result"].grad_norm > 0
+
+
+def test_state_round_trips_for_every_algorithm():
+    ppo = PPO(PPOConfig(clip_range=0.3))
+    ppo._advantages(batch_of([1.0, 0.0]))
+    again = PPO.from_state(ppo.get_state())
+    assert again.config.clip_range == 0.3 and again.baseline.value == ppo.baseline.value is not None
+    assert GRPO.from_state(GRPO(GRPOConfig(normalize_std=False)).get_state()).config.normalize_std is False

@@ -163,6 +163,7 @@ def _unsupported(config: Any) -> None:
 
 class _Algorithm:
     config: Any
+    config_class: type
     loss_fn = "importance_sampling"
 
     def _advantages(self, batch: TrajectoryBatch) -> list[float]:
@@ -217,6 +218,16 @@ class _Algorithm:
     def _state(self) -> dict[str, Any]:
         return {}
 
+    def _load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Any:
+        """The algorithm ``get_state`` described: its config and its running state."""
+        algo = cls(cls.config_class(**state["config"]))
+        algo._load_state(state)
+        return algo
+
 
 def _normalise(values: list[float]) -> list[float]:
     std = statistics.pstdev(values) if len(values) > 1 else 0.0
@@ -225,6 +236,8 @@ def _normalise(values: list[float]) -> list[float]:
 
 class REINFORCE(_Algorithm):
     """REINFORCE with an optional running baseline and advantage normalisation."""
+
+    config_class = REINFORCEConfig
 
     def __init__(self, config: REINFORCEConfig | None = None) -> None:
         self.config = config or REINFORCEConfig()
@@ -239,17 +252,15 @@ class REINFORCE(_Algorithm):
     def _state(self) -> dict[str, Any]:
         return {"baseline": self.baseline.value}
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> REINFORCE:
-        algo = cls(REINFORCEConfig(**state["config"]))
-        algo.baseline.value = state.get("baseline")
-        return algo
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.baseline.value = state.get("baseline")
 
 
 class PPO(REINFORCE):
     """PPO's clipped objective over ``ppo_epochs`` passes, with a running baseline (no critic)."""
 
     loss_fn = "ppo"
+    config_class = PPOConfig
 
     def __init__(self, config: PPOConfig | None = None) -> None:
         self.config = config or PPOConfig()
@@ -271,17 +282,12 @@ class PPO(REINFORCE):
     def _epochs(self) -> int:
         return self.config.ppo_epochs
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> PPO:
-        algo = cls(PPOConfig(**state["config"]))
-        algo.baseline.value = state.get("baseline")
-        return algo
-
 
 class GRPO(_Algorithm):
     """Group-relative advantages (centred, optionally std-normalised, within each prompt's group) with PPO clipping."""
 
     loss_fn = "ppo"
+    config_class = GRPOConfig
 
     def __init__(self, config: GRPOConfig | None = None) -> None:
         self.config = config or GRPOConfig()
@@ -299,9 +305,5 @@ class GRPO(_Algorithm):
 
     def _loss_config(self) -> dict[str, float]:
         return {"clip_low_threshold": 1 - self.config.clip_range, "clip_high_threshold": 1 + self.config.clip_range}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> GRPO:
-        return cls(GRPOConfig(**state["config"]))
 
 
