@@ -1,0 +1,113 @@
+"""Compatibility names for scripts written against the TenSafe RLVR cookbook (``tg_tinker`` / ``tensafe.rlvr``).
+
+Such a script runs on rlvr by changing its imports to::
+
+    from rlvr.rl.tensafe import ServiceClient, TrainingConfig, LoRAConfig
+    from rlvr.rl.tensafe import MockRolloutSampler, PPO, PPOConfig, REINFORCE, REINFORCEConfig, TrajectoryBatch
+    from rlvr.rl.tensafe import register_reward, resolve_reward
+
+This module only adapts names and call shapes; rlvr's own API is ``rlvr.ServiceClient`` (Tinker's) and
+``rlvr.rl.algorithms``. ``model_ref`` is any rlvr ``base_model`` ("tiny", "smollm2-135m", a path, a hub id).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import rlvr
+from rlvr.engine.lora import LORA_ALPHA
+from rlvr.errors import ConfigurationError
+from rlvr.rewards import register_reward, resolve_reward
+from rlvr.rl.algorithms import (
+    GRPO,
+    PPO,
+    REINFORCE,
+    GRPOConfig,
+    MockRolloutSampler,
+    PPOConfig,
+    REINFORCEConfig,
+    Trajectory,
+    TrajectoryBatch,
+)
+
+__all__ = [
+    "GRPO",
+    "PPO",
+    "REINFORCE",
+    "Checkpoint",
+    "GRPOConfig",
+    "LoRAConfig",
+    "MockRolloutSampler",
+    "PPOConfig",
+    "REINFORCEConfig",
+    "ServiceClient",
+    "TrainingConfig",
+    "Trajectory",
+    "TrajectoryBatch",
+    "register_reward",
+    "resolve_reward",
+]
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA settings in the cookbook's shape."""
+
+    rank: int = 16
+    """LoRA rank."""
+    alpha: int = LORA_ALPHA
+    """LoRA alpha; rlvr's adapters use alpha 32, so only 32 is accepted."""
+
+
+@dataclass
+class TrainingConfig:
+    """A training client's settings in the cookbook's shape."""
+
+    model_ref: str
+    """The base model (any rlvr base_model)."""
+    lora_config: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA settings."""
+    seed: int | None = None
+    """Seeds the adapter's initial weights (None: random)."""
+
+
+@dataclass
+class Checkpoint:
+    """What ``save_state`` returns in the cookbook: an artifact id (here the rlvr:// path) and the metadata."""
+
+    artifact_id: str
+    """The checkpoint's path, usable as ``checkpoint_id`` when creating a training client."""
+    metadata: dict[str, Any]
+    """The metadata passed to save_state."""
+
+
+class TrainingClient:
+    """An rlvr TrainingClient whose ``save_state`` takes ``metadata`` and returns a ``Checkpoint`` at once."""
+
+    _names = itertools.count()
+
+    def __init__(self, client: rlvr.TrainingClient) -> None:
+        self._client = client
+
+    def save_state(self, name: str | None = None, metadata: dict[str, Any] | None = None) -> Checkpoint:
+        name = name or f"checkpoint-{next(self._names):04d}"
+        path = self._client.save_state(name).result().path
+        return Checkpoint(artifact_id=path, metadata=dict(metadata or {}))
+
+    def __getattr__(self, name: str) -> Any:  # forward_backward, optim_step, forward, get_tokenizer, ...
+        return getattr(self._client, name)
+
+
+class ServiceClient(rlvr.ServiceClient):
+    """rlvr's ServiceClient plus the cookbook's ``create_training_client(config, checkpoint_id=None)``."""
+
+    def create_training_client(self, config: TrainingConfig, checkpoint_id: str | None = None) -> TrainingClient:
+        if config.lora_config.alpha != LORA_ALPHA:
+            raise ConfigurationError(f"LoRAConfig.alpha={config.lora_config.alpha}: rlvr's adapters use alpha "
+                                     f"{LORA_ALPHA} (the update is scaled by alpha / rank); set alpha={LORA_ALPHA}")
+        if checkpoint_id is not None:
+            return TrainingClient(self.create_training_client_from_state_with_optimizer(checkpoint_id))
+        return TrainingClient(self.create_lora_training_client(config.model_ref, rank=config.lora_config.rank,
+                                                               seed=config.seed))
