@@ -30,6 +30,14 @@ def train(
 
 
 @app.command()
+def plot(run_dir: str = typer.Argument(..., help="A run folder holding metrics.jsonl.")) -> None:
+    """Draw a run's reward and accuracy curves to RUN_DIR/curves.png."""
+    from rlvr.rl.plot import plot_run
+
+    typer.echo(f"wrote {plot_run(run_dir)}")
+
+
+@app.command()
 def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedded model now.")) -> None:
     """List the built-in base models (and fetch the embedded one with --fetch)."""
     from rlvr.engine.models import SMOLLM2, ensure_smollm2, rlvr_home

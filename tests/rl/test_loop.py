@@ -49,7 +49,8 @@ def metrics_of(tmp_path):
 
 
 def test_reward_rises(tmp_path):
-    train(config(tmp_path, steps=10), SayA())
+    result = train(config(tmp_path, steps=10), SayA())
+    assert result["plot"].read_bytes()[:4] == b"\x89PNG"
     rewards = [m["env/all/reward/mean"] for m in metrics_of(tmp_path)]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
     first = metrics_of(tmp_path)[0]

@@ -23,6 +23,7 @@ import rlvr
 from rlvr import types
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.datums import rl_datum, sample_train_metrics
+from rlvr.rl.plot import plot_run
 
 
 @dataclass
@@ -155,5 +156,6 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
         table.add_column(column)
     table.add_row("held-out accuracy", f"{baseline:.3f}", f"{after:.3f}", f"{after - baseline:+.3f}")
     console.print(table)
-    console.print(f"metrics: {out / 'metrics.jsonl'}")
+    plot = plot_run(out, extra={"baseline accuracy": baseline, "after accuracy": after})
+    console.print(f"metrics: {out / 'metrics.jsonl'}   curves: {plot}")
     return {"baseline_accuracy": baseline, "after_accuracy": after}

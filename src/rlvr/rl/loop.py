@@ -24,6 +24,7 @@ from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
 from rlvr.rl.datums import apply_kl_penalty, rl_datum, sample_train_metrics
+from rlvr.rl.plot import plot_run
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -243,6 +244,8 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
 
         results["after"] = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
                                     test_problems, runner, config.max_tokens)
+    lines = {f"{when} accuracy": results[when]["test/correct"] for when in ("before", "after") if when in results}
+    results["plot"] = plot_run(run_dir, extra=lines)
     results["training_client"] = training_client
     return results
 

@@ -1,0 +1,61 @@
+"""Plots of a run folder's ``metrics.jsonl``: the training reward per step and, where logged, held-out accuracy.
+
+Not here: live dashboards (MLflow / W&B logging belongs to the CLI issue).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rlvr.errors import ConfigurationError
+
+REWARD_KEYS = ("env/all/reward/mean", "reward/mean")  # full loop, basic loop
+ACCURACY_KEYS = ("test/correct",)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise ConfigurationError(f"{path} does not exist; plot a run folder written by rlvr train")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ConfigurationError(f"{path} is empty: the run logged no step yet")
+    return rows
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None, extra: dict[str, float] | None = None) -> Path:
+    """Write ``<run_dir>/curves.png`` (or ``out``): reward per step and held-out accuracy points.
+
+    ``extra`` adds horizontal reference lines, e.g. ``{"baseline accuracy": 0.42}``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(Path(run_dir))
+    reward_key = next((k for k in REWARD_KEYS if k in rows[0]), None)
+    if reward_key is None:
+        raise ConfigurationError(f"metrics.jsonl has none of {REWARD_KEYS}; nothing to plot")
+    steps = [r["step"] for r in rows]
+    rewards = [r.get(reward_key, math.nan) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, rewards, marker="o", markersize=3, label="train reward (mean)")
+    for key in ACCURACY_KEYS:
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="s", label="held-out accuracy")
+    for i, (label, value) in enumerate((extra or {}).items()):
+        ax.axhline(value, linestyle="--", color=f"C{i + 2}", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_title(Path(run_dir).name)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    target = Path(out) if out is not None else Path(run_dir) / "curves.png"
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
