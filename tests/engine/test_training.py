@@ -67,7 +67,6 @@ def test_gradients_accumulate_until_optim_step(service):
     norms = []
     for calls in (1, 2):
         tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=3)
-        tc.optim_step  # noqa: B018
         for _ in range(calls):
             tc.forward_backward([datum], "cross_entropy")
         norms.append(tc.optim_step(types.AdamParams(learning_rate=0.0)).result().metrics["grad_norm:mean"])

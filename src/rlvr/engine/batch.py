@@ -9,7 +9,6 @@ Alignment is Tinker's: ``loss_fn_inputs[key][i]`` belongs to position ``i`` of `
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,9 +128,3 @@ def pad(rows: list[torch.Tensor], value: int) -> torch.Tensor:
         out[i, : len(row)] = row
     return out
 
-
-def check_finite_number(value: float, name: str) -> float:
-    """A float that must be finite (for scalar hyperparameters)."""
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidDatumError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
