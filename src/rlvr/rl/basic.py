@@ -116,7 +116,7 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
             futures = [sampling_client.sample(p, config.group_size, params) for p in prompts]
 
             # 2. Score each group, 3. centre its rewards, 4. build datums (prompt positions carry no advantage).
-            datums, masks, sampled, groups, tokens = [], [], [], [], 0
+            datums, masks, groups, tokens = [], [], [], 0
             for (_, answer), prompt, future in zip(problems, prompts, futures, strict=True):
                 sequences = future.result().sequences
                 rewards_G = [reward(tokenizer.decode(s.tokens, skip_special_tokens=True), answer) for s in sequences]
@@ -128,7 +128,6 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
                     datum, mask = rl_datum(prompt.to_ints(), seq.tokens, seq.logprobs, advantage)
                     datums.append(datum)
                     masks.append(mask)
-                    sampled.append(datum.loss_fn_inputs["logprobs"].tolist())
 
             # 5. Train: forward_backward and optim_step, submitted together.
             rewards = [r for g in groups for r in g]
@@ -141,6 +140,7 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
                 metrics.update(out.metrics)
                 metrics.update(opt.result().metrics)
                 trained = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
+                sampled = [d.loss_fn_inputs["logprobs"].tolist() for d in datums]
                 metrics.update(sample_train_metrics(trained, sampled, masks))
             metrics["time/step_s"] = time.time() - start
             metrics["tokens_per_s"] = tokens / metrics["time/step_s"]

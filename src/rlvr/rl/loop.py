@@ -186,7 +186,7 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
             metrics["time/reward"] = time.time() - t_reward
 
             # Advantages within each group; groups with equal (or failed) rewards carry no signal.
-            datums, masks, sampled, rewards_by_group = [], [], [], []
+            datums, masks, rewards_by_group = [], [], []
             for g, (prompt, seqs) in enumerate(zip(prompts, groups, strict=True)):
                 rewards_G = scores.scores[g * config.group_size:(g + 1) * config.group_size]
                 if any(r is None for r in rewards_G):
@@ -199,7 +199,6 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                     datum, mask = rl_datum(prompt, seq.tokens, seq.logprobs, advantage)
                     datums.append(datum)
                     masks.append(mask)
-                    sampled.append(datum.loss_fn_inputs["logprobs"].tolist())
             metrics.update(group_outcomes(rewards_by_group))
             if reference is not None and datums:  # KL penalty: base-model logprobs of the same tokens
                 futures = [reference.compute_logprobs(types.ModelInput.from_ints(
@@ -224,7 +223,8 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                     metrics["optim/grad_norm"] = optim["grad_norm:mean"]
                     metrics["optim/lr"] = optim["learning_rate:mean"]
                     if k == 0:  # before this step's update: the sampler/trainer comparison
-                        metrics.update(sample_train_metrics(trained, sampled[:size], masks[:size]))
+                        sampled = [d.loss_fn_inputs["logprobs"].tolist() for d in datums[:size]]
+                        metrics.update(sample_train_metrics(trained, sampled, masks[:size]))
             metrics["train/datums"] = len(datums)
             metrics["time/train"] = time.time() - t_train
 
