@@ -25,7 +25,28 @@ from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
 from rlvr.rl.datums import apply_kl_penalty, rl_datum, sample_train_metrics
 from rlvr.rl.plot import plot_run
+from rlvr.rl.tracking import open_trackers
 from rlvr.tasks.base import Problem, ProblemSource
+
+
+@dataclass
+class DistributedConfig:
+    """Where the engine and the reward workers run: in this process (``local``) or on a Ray cluster (``ray``)."""
+
+    backend: str = "local"
+    """``local`` (in-process engine, forked reward workers) or ``ray`` (needs ``rlvr[ray]``)."""
+    address: str | None = None
+    """Ray cluster address (``auto``, ``ray://host:10001``); None starts a local Ray instance."""
+    num_samplers: int = 1
+    """Sampler actor replicas (each holds the base model and the published LoRA adapters)."""
+    num_reward_workers: int = 2
+    """Reward worker actors."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("local", "ray"):
+            raise ConfigurationError(f"distributed.backend={self.backend!r}: use 'local' or 'ray'")
+        if self.num_samplers < 1 or self.num_reward_workers < 1:
+            raise ConfigurationError("distributed.num_samplers and distributed.num_reward_workers must be >= 1")
 
 
 @dataclass
@@ -76,12 +97,18 @@ class LoopConfig:
     """Continue from the last checkpoint in ``out``."""
     sampler_tolerance: float = 1e-3
     """Largest |sampler - trainer| logprob on the probe before the sampler counts as stale."""
+    trackers: list[str] = field(default_factory=list)
+    """Experiment trackers beside metrics.jsonl: ``mlflow``, ``tensorboard``, ``wandb`` (each an optional extra)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Engine and reward placement: in-process or Ray."""
     seed: int = 0
     """Seeds the problem order, LoRA initialisation and sampling."""
     out: str = "runs/loop"
     """Run folder: config.json, metrics.jsonl, checkpoints.jsonl."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.distributed, dict):
+            self.distributed = DistributedConfig(**self.distributed)
         if self.num_substeps < 1:
             raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
         if self.kl_penalty_coef < 0:
@@ -120,7 +147,7 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
     """Run the loop; returns the final evaluation and the training client."""
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    service = rlvr.ServiceClient()
+    service, runner = _backend(config, source)
 
     # Setup: a fresh client, or the last checkpoint's state and loop RNG.
     start_step, rng = 0, random.Random(config.seed)
@@ -142,19 +169,18 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
     train_problems = source.problems("train", shuffle=True, seed=config.seed)
     test_problems = source.problems(_test_split(source), limit=config.eval_problems)
     adam = types.AdamParams(learning_rate=config.learning_rate)
-    runner = RewardRunner(source.reward(), timeout=config.reward_timeout)
     probe = source.render_ids(train_problems[0], tokenizer)[:16]
     reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
                  if config.kl_penalty_coef > 0 else None)
     results: dict[str, Any] = {}
 
-    with runner, open(run_dir / "metrics.jsonl", "a") as log:
+    with runner, open_trackers(config.trackers, run_dir, asdict(config)) as tracker:
         if start_step == 0:
             sampler = training_client.save_weights_and_get_sampling_client()
             results["before"] = evaluate(sampler, tokenizer, source, test_problems, runner, config.max_tokens)
         for step in range(start_step, config.steps):
             t_start = time.time()
-            metrics: dict[str, float] = {"step": step}
+            metrics: dict[str, float] = {}
 
             # Refresh the sampler and check it really samples the current weights.
             sampler = training_client.save_weights_and_get_sampling_client()
@@ -234,8 +260,7 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                                         test_problems, runner, config.max_tokens))
             metrics["time/total"] = time.time() - t_start
             metrics["tokens_per_s"] = metrics["env/all/ac_tokens_per_turn"] * len(items) / metrics["time/total"]
-            log.write(json.dumps(metrics) + "\n")
-            log.flush()
+            tracker.log(metrics, step)
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
                 path = training_client.save_state(f"step-{step + 1:06d}").result().path
                 record_checkpoint(run_dir, {"step": step + 1, "state_path": path, "rng": rng.getstate()})
@@ -248,6 +273,15 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
     results["plot"] = plot_run(run_dir, extra=lines)
     results["training_client"] = training_client
     return results
+
+
+def _backend(config: LoopConfig, source: ProblemSource) -> tuple[Any, Any]:
+    """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors."""
+    if config.distributed.backend == "ray":
+        from rlvr.distributed import ray_backend
+
+        return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed)
+    return rlvr.ServiceClient(), RewardRunner(source.reward(), timeout=config.reward_timeout)
 
 
 def _test_split(source: ProblemSource) -> str:
