@@ -7,8 +7,8 @@
     training_client = service_client.create_lora_training_client(base_model="smollm2-135m", rank=32)
 """
 
-from rlvr import types
-from rlvr.client import SamplingClient, ServiceClient, TrainingClient
+from typing import TYPE_CHECKING
+
 from rlvr.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -20,6 +20,27 @@ from rlvr.errors import (
     SandboxError,
     UnknownLossError,
 )
+
+if TYPE_CHECKING:
+    from rlvr import types
+    from rlvr.client import SamplingClient, ServiceClient, TrainingClient
+    from rlvr.rl.run import evaluate, sft, train
+
+# Imported on first use, so `import rlvr` (and the CLI's config checks) stay fast: torch loads with the clients.
+_LAZY = {"types": "rlvr.types", "SamplingClient": "rlvr.client", "ServiceClient": "rlvr.client",
+         "TrainingClient": "rlvr.client", "train": "rlvr.rl.run", "evaluate": "rlvr.rl.run", "sft": "rlvr.rl.run"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rlvr' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(_LAZY[name])
+    value = module if name == "types" else getattr(module, name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
@@ -37,5 +58,8 @@ __all__ = [
     "TrainingClient",
     "UnknownLossError",
     "__version__",
+    "evaluate",
+    "sft",
+    "train",
     "types",
 ]

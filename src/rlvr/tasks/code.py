@@ -107,15 +107,16 @@ def human_eval_path() -> Path:
 
 
 class HumanEvalSource(_CodeSource):
-    """HumanEval's problems as one ``test`` split; ``path``: a HumanEval-format ``.jsonl``/``.jsonl.gz`` file,
-    default the ``human-eval`` package's."""
+    """HumanEval's problems as one ``test`` split, or ``train``/``test`` with ``test_fraction`` held out; ``path``: a
+    HumanEval-format ``.jsonl``/``.jsonl.gz`` file, default the ``human-eval`` package's."""
 
     name = "humaneval"
 
-    def __init__(self, path: str | os.PathLike | None = None, **kwargs: Any) -> None:
+    def __init__(self, path: str | os.PathLike | None = None, *, test_fraction: float = 0.0, **kwargs: Any) -> None:
         if "data" in kwargs:
             raise ConfigurationError("HumanEvalSource takes path=, not data=")
-        super().__init__({"test": str(path) if path is not None else str(human_eval_path())}, **kwargs)
+        file = str(path) if path is not None else str(human_eval_path())
+        super().__init__(file if test_fraction else {"test": file}, test_fraction=test_fraction, **kwargs)
 
     def to_problem(self, record: Mapping[str, Any], index: int, split: str) -> Problem:
         prompt, entry_point = str(record["prompt"]), str(record["entry_point"])

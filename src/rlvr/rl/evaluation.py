@@ -1,0 +1,103 @@
+"""``rlvr eval``: a model or checkpoint on a task's held-out problems: pass@k, mean reward, per-problem JSONL.
+
+    result = evaluate(resolve_config(recipe="arithmetic"), checkpoint="runs/arithmetic-.../", num_samples=8, k=[1, 4])
+
+``checkpoint`` is a state path (``save_state``), a run folder (its last checkpoint) or None (the base model). With
+one sample per problem decoding is greedy; with more, samples are drawn at the config's temperature and pass@k is
+the unbiased estimator of Chen et al. (2021): ``1 - C(n - c, k) / C(n, k)`` for ``c`` correct of ``n``, averaged
+over problems. A sample is correct when its reward is at least ``correct_at`` (1.0: full marks).
+
+What it is not: the loop's in-training evaluation (``rlvr.rl.loop.evaluate``, greedy pass@1 only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import CheckpointNotFoundError, ConfigurationError
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of ``k`` samples drawn without replacement from ``n`` (``c`` correct) is."""
+    if not 0 <= c <= n or k < 1 or k > n:
+        raise ConfigurationError(f"pass_at_k(n={n}, c={c}, k={k}): need 0 <= c <= n and 1 <= k <= n")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def resolve_checkpoint(checkpoint: str | Path) -> str:
+    """A state path from a state path or a run folder (its last checkpoint)."""
+    from rlvr.rl.checkpoints import last_checkpoint
+
+    path = Path(str(checkpoint))
+    if path.is_dir() and (path / "checkpoints.jsonl").exists():
+        entry = last_checkpoint(path)
+        if entry is None:
+            raise CheckpointNotFoundError(f"{path}: checkpoints.jsonl has no complete entry")
+        return entry["state_path"]
+    if path.is_dir() and (path / "config.yaml").exists():
+        raise CheckpointNotFoundError(f"run folder {path} has no checkpoint yet (no checkpoints.jsonl)")
+    return str(checkpoint)
+
+
+def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: int = 1,
+             k: Sequence[int] = (1,), problems: int | None = None, correct_at: float = 1.0,
+             out: str | Path | None = None, source: Any = None) -> dict[str, Any]:
+    """Evaluate on the held-out split of ``config``'s task; writes per-problem records to ``out`` (JSONL)."""
+    import rlvr
+    from rlvr import types
+    from rlvr.rewards import RewardItem, RewardRunner
+    from rlvr.rl.loop import _test_split
+    from rlvr.rl.run import build_source
+
+    if num_samples < 1:
+        raise ConfigurationError(f"num_samples={num_samples}: must be >= 1")
+    bad = [x for x in k if not 1 <= x <= num_samples]
+    if bad:
+        raise ConfigurationError(f"k={list(k)}: each k must be between 1 and num_samples={num_samples}")
+    source = source or build_source(config)
+    service = rlvr.ServiceClient()
+    if checkpoint is None:
+        sampler = service.create_sampling_client(base_model=config.base_model)
+        tokenizer = sampler.get_tokenizer()
+    else:
+        training_client = service.create_training_client_from_state(resolve_checkpoint(checkpoint))
+        sampler = training_client.save_weights_and_get_sampling_client()
+        tokenizer = training_client.get_tokenizer()
+    chosen = source.problems(_test_split(source), limit=problems or config.eval_problems)
+    params = types.SamplingParams(max_tokens=config.max_tokens, seed=config.seed,
+                                  temperature=0.0 if num_samples == 1 else config.temperature)
+    futures = [sampler.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), num_samples, params)
+               for p in chosen]
+    responses = [[tokenizer.decode(s.tokens, skip_special_tokens=True) for s in f.result().sequences]
+                 for f in futures]
+    with RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
+        scores = runner.score([RewardItem(p.question, r, p.reward_meta())
+                               for p, group in zip(chosen, responses, strict=True) for r in group])
+    records = []
+    for i, (problem, group) in enumerate(zip(chosen, responses, strict=True)):
+        rewards = scores.scores[i * num_samples:(i + 1) * num_samples]
+        correct = sum(r is not None and r >= correct_at for r in rewards)
+        records.append({"problem_id": problem.id, "question": problem.question, "answer": problem.answer,
+                        "responses": group, "rewards": rewards, "correct": correct,
+                        **{f"pass@{x}": pass_at_k(num_samples, correct, x) for x in k}})
+    scored = [r for r in scores.scores if r is not None]
+    result: dict[str, Any] = {
+        "problems": len(records), "samples_per_problem": num_samples,
+        "mean_reward": sum(scored) / len(scored) if scored else math.nan,
+        "reward_failures": scores.failed,
+        **{f"pass@{x}": sum(r[f"pass@{x}"] for r in records) / max(len(records), 1) for x in k},
+    }
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+        tmp.replace(out)
+        result["records"] = str(out)
+    return result

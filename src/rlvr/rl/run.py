@@ -1,0 +1,204 @@
+"""A whole RL run as ``rlvr train`` does it: config -> problem source -> optional warm-up -> loop -> result table.
+
+    import rlvr
+    result = rlvr.train({"recipe": "arithmetic", "steps": 10})       # or a TrainConfig, or a YAML path
+    rlvr.train("my.yaml", overrides=["steps=40"])
+    rlvr.resume("runs/arithmetic-20261122-101500", overrides=["steps=40"])
+
+A run folder holds ``config.yaml`` (resolved), ``status.json`` (running / finished / failed, with the error),
+``metrics.jsonl``, ``checkpoints.jsonl``, ``summary.json`` (held-out baseline and after), ``curves.png`` and
+``rollouts/``. The console shows a progress bar (step, reward, accuracy, tokens/s, ETA) and ends with the table
+``Metric | Baseline | After | Improvement``.
+
+What it is not: the loop itself (``rlvr.rl.loop``), evaluation of a saved model (``rlvr.rl.evaluation``), or
+argument parsing (``rlvr.cli``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import ConfigurationError
+from rlvr.rl.config import TrainConfig, read_config_file, resolve_config
+from rlvr.rl.evaluation import evaluate
+from rlvr.rl.sft import sft
+
+__all__ = ["build_source", "evaluate", "resume", "sft", "train"]
+
+GENERATED = ("arithmetic", "rpn")
+"""Recipes whose problems are generated (no data file)."""
+
+
+def build_source(config: TrainConfig) -> Any:
+    """The problem source of ``config.recipe`` with ``config.task`` as keyword arguments, its data and reward."""
+    from rlvr import tasks
+    from rlvr.rewards import resolve_reward
+
+    kinds = {"arithmetic": tasks.ArithmeticSource, "rpn": tasks.RpnSource, "gsm8k": tasks.Gsm8kSource,
+             "math": tasks.MathSource, "mbpp": tasks.MbppSource, "humaneval": tasks.HumanEvalSource}
+    cls = kinds[config.recipe]
+    kwargs = dict(config.task)
+    if config.reward is not None:
+        kwargs["reward"] = resolve_reward(config.reward, **config.reward_config)
+    elif config.reward_config:
+        raise ConfigurationError("reward_config is set but reward is not: name the reward it configures "
+                                 "(reward=code_tests, reward=rpn_combined, ...)")
+    args: list[Any] = []
+    if config.recipe in GENERATED:
+        if config.data is not None:
+            raise ConfigurationError(f"data={config.data!r}: recipe {config.recipe!r} generates its problems; data "
+                                     "files go with gsm8k, math, mbpp and humaneval")
+    elif config.recipe == "humaneval":
+        if isinstance(config.data, dict):
+            raise ConfigurationError("data: humaneval takes one file (HumanEval.jsonl[.gz])")
+        kwargs["path"] = config.data
+    else:
+        if config.data is None:
+            raise ConfigurationError(f"recipe {config.recipe!r} needs data: --data PATH (a local {config.recipe} "
+                                     "JSONL/JSON/Parquet file, or split: file pairs in the config), or data=hub "
+                                     "on a machine that reaches the Hugging Face hub")
+        args.append(cls.hub() if config.data == "hub" else config.data)
+        if isinstance(config.data, dict):
+            kwargs.pop("test_fraction", None)
+    try:
+        return cls(*args, **kwargs)
+    except TypeError as exc:
+        valid = {p for klass in cls.__mro__ if "__init__" in vars(klass)
+                 for p in inspect.signature(klass.__init__).parameters if p not in ("self", "args", "kwargs")}
+        unknown = [key for key in kwargs if key not in valid]
+        hint = "".join(f" (task.{key}: did you mean task.{close[0]}?)" for key in unknown
+                       if (close := difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)))
+        raise ConfigurationError(f"task: {exc}{hint}; {cls.__name__} takes {sorted(valid - {'data'})}") from None
+
+
+def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overrides: list[str] | None = None,
+          console: Any = None) -> dict[str, Any]:
+    """Run RL as ``rlvr train``: returns ``{"before", "after", "summary", "run_dir", ...}``."""
+    config = _as_config(config, overrides)
+    if not config.out or config.out == "runs/loop":
+        config = dataclasses.replace(config, out=f"runs/{config.recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
+    source = build_source(config)
+    run_dir = Path(config.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _status(run_dir, "running")
+    try:
+        result = _train(config, source, run_dir, console)
+    except BaseException as exc:
+        _status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    _status(run_dir, "finished")
+    return result
+
+
+def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any = None) -> dict[str, Any]:
+    """Continue the run in ``run_dir`` from its last checkpoint (``steps=N`` in overrides trains further)."""
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigurationError(f"{run_dir} is not a run folder (no config.yaml); `rlvr runs` lists the runs")
+    config = resolve_config(base=read_config_file(saved), overrides=[*(overrides or []), "resume=true",
+                                                                     f"out={run_dir}"])
+    return train(config, console=console)
+
+
+def _as_config(config: Any, overrides: list[str] | None) -> TrainConfig:
+    if isinstance(config, TrainConfig):
+        return resolve_config(base=dataclasses.asdict(config), overrides=overrides) if overrides else config
+    if isinstance(config, (str, Path)):
+        return resolve_config(config_file=config, overrides=overrides)
+    return resolve_config(base=config or {}, overrides=overrides)
+
+
+def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dict[str, Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from rlvr.rl.checkpoints import last_checkpoint
+    from rlvr.rl.loop import train as loop
+
+    console = console or Console()
+    console.print(f"[bold]rlvr train[/bold] recipe={config.recipe} model={config.base_model} steps={config.steps} "
+                  f"-> {run_dir}")
+    if config.warmup.steps and not config.resume and not config.start_from_checkpoint:
+        config = dataclasses.replace(config, start_from_checkpoint=_warmup(config, source, run_dir, console))
+    elif config.resume and last_checkpoint(run_dir) is None:
+        raise ConfigurationError(f"resume: {run_dir} has no checkpoint yet (checkpoints.jsonl); start it afresh")
+
+    columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[status]}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("train", total=config.steps, status="evaluating the baseline")
+        if config.resume:
+            progress.update(task, completed=last_checkpoint(run_dir)["step"])
+
+        def on_step(step: int, m: dict[str, float]) -> None:
+            status = (f"reward {m.get('env/all/reward/mean', float('nan')):.3f}  "
+                      f"accuracy {m.get('env/all/correct', float('nan')):.3f}  {m.get('tokens_per_s', 0):.0f} tok/s")
+            progress.update(task, completed=step + 1, status=status)
+
+        result = loop(config, source, progress=on_step)
+
+    summary = _summary(run_dir, result)
+    table = Table(title=f"rlvr {config.recipe}: {config.base_model}, {config.steps} steps (held-out, greedy)")
+    for column in ("Metric", "Baseline", "After", "Improvement"):
+        table.add_column(column, justify="left" if column == "Metric" else "right")
+    for name, key in (("pass rate", "test/correct"), ("mean reward", "test/reward/mean")):
+        before, after = summary["baseline"].get(key), summary["after"].get(key)
+        table.add_row(name, _fmt(before), _fmt(after), _fmt(after - before, sign=True) if before is not None else "")
+    console.print(table)
+    console.print(f"run folder: {run_dir}   curves: {result['plot']}")
+    return {**result, "summary": summary, "run_dir": str(run_dir)}
+
+
+def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> str:
+    """Supervised warm-up on the source's worked solutions; returns the state path RL starts from."""
+    import rlvr
+    from rlvr.rl.sft import encode_pair, supervised_steps
+
+    training_client = rlvr.ServiceClient().create_lora_training_client(base_model=config.base_model,
+                                                                       rank=config.rank, seed=config.seed)
+    tokenizer = training_client.get_tokenizer()
+    problems = source.problems("train")
+    examples = [encode_pair(tokenizer, source.render_ids(p, tokenizer), source.demonstration(p)) for p in problems]
+    log = open(run_dir / "warmup.jsonl", "w")  # closed below
+    with console.status("supervised warm-up") as status:
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            log.write(json.dumps({"step": step, **metrics}) + "\n")
+            status.update(f"supervised warm-up: step {step + 1}/{config.warmup.steps}, "
+                          f"loss/token {metrics['train/loss_per_token']:.3f}")
+
+        losses = supervised_steps(training_client, examples, config.warmup.steps, config.warmup.batch_size,
+                                  config.warmup.learning_rate, seed=config.seed, on_step=on_step)
+    log.close()
+    console.print(f"warm-up: {config.warmup.steps} supervised steps, loss/token {losses[0]:.3f} -> {losses[-1]:.3f}")
+    return training_client.save_state("warmup").result().path
+
+
+def _summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    summary = {"baseline": result.get("before") or previous.get("baseline", {}), "after": result["after"]}
+    tmp = run_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(run_dir / "summary.json")
+    return summary
+
+
+def _status(run_dir: Path, status: str, **extra: Any) -> None:
+    record = {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+    tmp = run_dir / ".status.json.tmp"
+    tmp.write_text(json.dumps(record))
+    tmp.replace(run_dir / "status.json")
+
+
+def _fmt(value: float | None, sign: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.3f}" if sign else f"{value:.3f}"

@@ -1,0 +1,141 @@
+"""Supervised fine-tuning with the ``cross_entropy`` loss: ``rlvr sft`` and the warm-up before RL.
+
+    state_path = sft(SftConfig(base_model="smollm2-135m", data="pairs.jsonl", steps=100))
+    # then: rlvr train start_from_checkpoint=<state_path>
+
+The data is a JSONL (or JSON/Parquet) file of ``{"prompt": ..., "completion": ...}`` records. Each prompt goes
+through the model's chat template as a user turn; the completion is the assistant's answer, closed by the
+tokenizer's end-of-turn token, and only its tokens carry weight. Like the RL loop it drives only the client API.
+
+What it is not: a packing or multi-turn SFT trainer; for those, build datums yourself and call forward_backward.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import ConfigurationError
+
+
+@dataclass
+class SftConfig:
+    """Settings of ``rlvr sft``."""
+
+    data: str = ""
+    """JSONL (or JSON/Parquet) file of {"prompt", "completion"} records."""
+    base_model: str = "smollm2-135m"
+    """Model to fine-tune."""
+    rank: int = 16
+    """LoRA rank."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Examples per step (drawn in a shuffled order, epoch after epoch)."""
+    learning_rate: float = 1e-4
+    """AdamW learning rate."""
+    seed: int = 0
+    """Seeds the LoRA initialisation and the example order."""
+    out: str = "runs/sft"
+    """Run folder: config.yaml, metrics.jsonl, checkpoints.jsonl (the final state path)."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            raise ConfigurationError("data: give the JSONL file of prompt/completion pairs (data=pairs.jsonl)")
+        if not Path(self.data).is_file():
+            raise ConfigurationError(f"data={self.data!r}: file does not exist")
+        for name in ("rank", "steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"{name}={getattr(self, name)}: must be >= 1")
+
+
+def read_pairs(path: str | Path) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs from a records file; a record without both text fields is an error naming it."""
+    from rlvr.tasks.files import read_records
+
+    pairs = []
+    for i, record in enumerate(read_records(path)):
+        prompt, completion = record.get("prompt"), record.get("completion")
+        if not isinstance(prompt, str) or not isinstance(completion, str) or not completion:
+            raise ConfigurationError(f"{path}: record {i} needs string fields 'prompt' and 'completion' (non-empty); "
+                                     f"it has {sorted(record)}")
+        pairs.append((prompt, completion))
+    if not pairs:
+        raise ConfigurationError(f"{path}: no prompt/completion records")
+    return pairs
+
+
+def encode_pair(tokenizer: Any, prompt: str | Sequence[int], completion: str) -> tuple[list[int], list[int]]:
+    """Prompt ids (through the chat template, unless already ids) and completion ids ending in end-of-turn."""
+    if isinstance(prompt, str):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+    completion_ids = tokenizer.encode(completion, add_special_tokens=False)
+    if tokenizer.eos_token_id is not None:
+        completion_ids.append(tokenizer.eos_token_id)
+    return list(prompt), completion_ids
+
+
+def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int], Sequence[int]]], steps: int,
+                     batch_size: int, learning_rate: float, seed: int = 0,
+                     on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[float]:
+    """``steps`` cross_entropy steps over (prompt ids, completion ids) examples; returns the mean loss per token."""
+    from rlvr import types
+    from rlvr.rl.datums import sft_datum
+
+    datums = [sft_datum(p, c) for p, c in examples]
+    order: list[int] = []
+    rng = random.Random(seed)
+    adam = types.AdamParams(learning_rate=learning_rate)
+    losses = []
+    for step in range(steps):
+        batch = []
+        while len(batch) < batch_size:
+            if not order:
+                order = list(range(len(datums)))
+                rng.shuffle(order)
+            batch.append(datums[order.pop()])
+        fwd = training_client.forward_backward(batch, "cross_entropy")
+        opt = training_client.optim_step(adam)
+        out = fwd.result()
+        opt.result()
+        tokens = sum(float(sum(d.loss_fn_inputs["weights"].tolist())) for d in batch)
+        loss = out.metrics["loss:sum"] / max(tokens, 1.0)
+        losses.append(loss)
+        if on_step is not None:
+            on_step(step, {"train/loss_per_token": loss})
+    return losses
+
+
+def sft(config: SftConfig, progress: Callable[[int, dict[str, float]], None] | None = None) -> str:
+    """Fine-tune on ``config.data``; returns the final state path (for ``start_from_checkpoint``)."""
+    import rlvr
+    from rlvr.rl.checkpoints import record_checkpoint
+    from rlvr.rl.config import save_config
+    from rlvr.rl.tracking import open_trackers
+
+    run_dir = Path(config.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(config, run_dir / "config.yaml")
+    pairs = read_pairs(config.data)
+    training_client = rlvr.ServiceClient().create_lora_training_client(base_model=config.base_model,
+                                                                       rank=config.rank, seed=config.seed)
+    tokenizer = training_client.get_tokenizer()
+    examples = [encode_pair(tokenizer, p, c) for p, c in pairs]
+    with open_trackers([], run_dir) as tracker:
+        def on_step(step: int, metrics: dict[str, float]) -> None:
+            tracker.log(metrics, step)
+            if progress is not None:
+                progress(step, metrics)
+
+        supervised_steps(training_client, examples, config.steps, config.batch_size, config.learning_rate,
+                         seed=config.seed, on_step=on_step)
+    path = training_client.save_state("sft-final").result().path
+    record_checkpoint(run_dir, {"step": config.steps, "state_path": path, "kind": "sft"})
+    (run_dir / "status.json").write_text(json.dumps({"status": "finished", "kind": "sft", "state_path": path}))
+    return path

