@@ -54,3 +54,17 @@ def test_sft_returns_a_loadable_state(tmp_path):
 
     state = sft(SftConfig(data=str(path), base_model="tiny", rank=4, steps=2, batch_size=2, out=str(tmp_path / "o")))
     assert rlvr.ServiceClient().create_training_client_from_state(state).get_info().model_name
+
+
+def test_python_api_takes_plain_dicts(tmp_path):
+    """rlvr.sft and rlvr.evaluate take the same dicts as the YAML files; a misspelt key is refused by name."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1?", "completion": f"{i + 1}"}) + "\n" for i in range(4)))
+    with pytest.raises(ConfigurationError, match="learning_rte.*learning_rate"):
+        rlvr.sft({"data": str(path), "learning_rte": 1e-3})
+    state = rlvr.sft({"data": str(path), "base_model": "tiny", "rank": 4, "steps": 1, "batch_size": 2,
+                      "out": str(tmp_path / "o")})
+    report = rlvr.evaluate({"recipe": "arithmetic", "base_model": "tiny", "max_tokens": 4}, checkpoint=state,
+                           num_samples=2, k=[1, 2], problems=3)
+    assert report["problems"] == 3 and report["samples_per_problem"] == 2
+    assert 0.0 <= report["pass@1"] <= report["pass@2"] <= 1.0

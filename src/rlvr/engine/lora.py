@@ -85,6 +85,8 @@ class AdapterHost:
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             # LoRA on a tied lm_head leaves the shared base matrix untouched, which is what we want.
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+            # peft probes a property transformers 5 deprecated; nothing we can act on.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             torch.manual_seed(seed)
             if self.peft is None:
                 self.peft = get_peft_model(self.base.model, config, adapter_name=name)

@@ -90,7 +90,15 @@ def load_base_model(base_model: str) -> LoadedModel:
 
 
 def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a local folder loads in a fraction of a second: no "Loading weights" bar
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model, tokenizer
 

@@ -237,6 +237,16 @@ def resolve_config(recipe: str | None = None, config_file: str | Path | None = N
     return build_config(merged)
 
 
+def as_config(config: TrainConfig | dict[str, Any] | str | Path | None,
+              overrides: list[str] | None = None) -> TrainConfig:
+    """A TrainConfig from one (with ``overrides`` applied), a dict of settings or a YAML file's path."""
+    if isinstance(config, TrainConfig):
+        return resolve_config(base=dataclasses.asdict(config), overrides=overrides) if overrides else config
+    if isinstance(config, (str, Path)):
+        return resolve_config(config_file=config, overrides=overrides)
+    return resolve_config(base=config or {}, overrides=overrides)
+
+
 def build_config(values: dict[str, Any], cls: type = TrainConfig) -> Any:
     """``cls`` from a plain dict, refusing unknown keys (with the nearest valid one) and values of the wrong type."""
     check_keys(values, cls)

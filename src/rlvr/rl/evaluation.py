@@ -1,6 +1,6 @@
 """``rlvr eval``: a model or checkpoint on a task's held-out problems: pass@k, mean reward, per-problem JSONL.
 
-    result = evaluate(resolve_config(recipe="arithmetic"), checkpoint="runs/arithmetic-.../", num_samples=8, k=[1, 4])
+    result = evaluate({"recipe": "arithmetic"}, checkpoint="runs/arithmetic-.../", num_samples=8, k=[1, 4])
 
 ``checkpoint`` is a state path (``save_state``), a run folder (its last checkpoint) or None (the base model). With
 one sample per problem decoding is greedy; with more, samples are drawn at the config's temperature and pass@k is
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
+from rlvr.rl.config import as_config
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -48,7 +49,8 @@ def resolve_checkpoint(checkpoint: str | Path) -> str:
 def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: int = 1,
              k: Sequence[int] = (1,), problems: int | None = None, correct_at: float = 1.0,
              out: str | Path | None = None, source: Any = None) -> dict[str, Any]:
-    """Evaluate on the held-out split of ``config``'s task; writes per-problem records to ``out`` (JSONL)."""
+    """Evaluate on the held-out split of ``config``'s task (a TrainConfig, a dict of settings or a YAML path);
+    writes per-problem records to ``out`` (JSONL)."""
     import rlvr
     from rlvr import types
     from rlvr.rewards import RewardItem, RewardRunner
@@ -60,6 +62,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     bad = [x for x in k if not 1 <= x <= num_samples]
     if bad:
         raise ConfigurationError(f"k={list(k)}: each k must be between 1 and num_samples={num_samples}")
+    config = as_config(config)
     source = source or build_source(config)
     service = rlvr.ServiceClient()
     if checkpoint is None:

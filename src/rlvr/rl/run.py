@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigurationError
-from rlvr.rl.config import TrainConfig, read_config_file, resolve_config
+from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config
 from rlvr.rl.evaluation import evaluate
 from rlvr.rl.sft import sft
 
@@ -81,7 +81,7 @@ def build_source(config: TrainConfig) -> Any:
 def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overrides: list[str] | None = None,
           console: Any = None) -> dict[str, Any]:
     """Run RL as ``rlvr train``: returns ``{"before", "after", "summary", "run_dir", ...}``."""
-    config = _as_config(config, overrides)
+    config = as_config(config, overrides)
     if not config.out or config.out == "runs/loop":
         config = dataclasses.replace(config, out=f"runs/{config.recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
     source = build_source(config)
@@ -106,14 +106,6 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any
     config = resolve_config(base=read_config_file(saved), overrides=[*(overrides or []), "resume=true",
                                                                      f"out={run_dir}"])
     return train(config, console=console)
-
-
-def _as_config(config: Any, overrides: list[str] | None) -> TrainConfig:
-    if isinstance(config, TrainConfig):
-        return resolve_config(base=dataclasses.asdict(config), overrides=overrides) if overrides else config
-    if isinstance(config, (str, Path)):
-        return resolve_config(config_file=config, overrides=overrides)
-    return resolve_config(base=config or {}, overrides=overrides)
 
 
 def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dict[str, Any]:

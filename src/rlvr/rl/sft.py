@@ -112,12 +112,15 @@ def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int
     return losses
 
 
-def sft(config: SftConfig, progress: Callable[[int, dict[str, float]], None] | None = None) -> str:
+def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, float]], None] | None = None) -> str:
     """Fine-tune on ``config.data``; returns the final state path (for ``start_from_checkpoint``)."""
     import rlvr
     from rlvr.rl.checkpoints import record_checkpoint
-    from rlvr.rl.config import save_config
+    from rlvr.rl.config import build_config, save_config
     from rlvr.rl.tracking import open_trackers
+
+    if not isinstance(config, SftConfig):
+        config = build_config(dict(config), SftConfig)
 
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
