@@ -143,3 +143,28 @@ def test_kl_penalty_runs_and_reports_kl_to_the_base(tmp_path):
     assert len(kls) >= 2
     assert abs(kls[0]) < 1e-3  # before any update the policy is the base model
     assert kls[-1] != pytest.approx(0.0, abs=1e-4)  # after updates it has moved
+
+
+class Graded(SayA):
+    """SayA with difficulties 1, 2 and 3 (ids ending in the difficulty), for the curriculum."""
+
+    def load(self, split):
+        return [Problem(id=f"graded/{split}/{i}-d{1 + i % 3}", question=f"Say a, {i}.", answer="a",
+                        difficulty=float(1 + i % 3)) for i in range(12)]
+
+
+def test_curriculum_stages_pick_problems_by_difficulty(tmp_path):
+    train(config(tmp_path, steps=3, curriculum={0: 1, 2: 2}, eval_problems=2), Graded())
+    seen = {}
+    for step in range(3):
+        path = tmp_path / "run" / "rollouts" / f"step-{step:06d}.jsonl"
+        seen[step] = {int(json.loads(line)["problem_id"][-1]) for line in path.read_text().splitlines()}
+    assert seen[0] == seen[1] == {1} and seen[2] <= {1, 2} and 2 in seen[2]   # problems_per_step=2 of 4 and 8
+    assert [m["curriculum/max_difficulty"] for m in metrics_of(tmp_path)] == [1.0, 1.0, 2.0]
+
+
+def test_a_curriculum_stage_without_problems_is_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match=r"difficulty <= 0.5.*\[1.0, 2.0, 3.0\]"):
+        train(config(tmp_path, curriculum={0: 0.5}), Graded())
+    with pytest.raises(ConfigurationError, match="first 0"):
+        config(tmp_path, curriculum={3: 1})

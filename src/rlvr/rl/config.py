@@ -69,6 +69,9 @@ class LoopConfig:
     """Samples per problem."""
     normalize_advantages: bool = False
     """Divide centred advantages by the group's reward std."""
+    curriculum: dict[int, float] = field(default_factory=dict)
+    """Difficulty schedule {from_step: max_difficulty}, e.g. {0: 1, 10: 2}: train only on problems that easy from
+    that step on (empty: all problems)."""
     # Optimisation
     loss_fn: str = "importance_sampling"
     """Built-in loss: importance_sampling, ppo, cispo, dro."""
@@ -118,6 +121,9 @@ class LoopConfig:
                 raise ConfigurationError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.num_substeps < 1:
             raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
+        if self.curriculum and (min(self.curriculum) != 0 or any(int(s) != s for s in self.curriculum)):
+            raise ConfigurationError(f"curriculum={self.curriculum}: keys are the steps each stage starts at, "
+                                     "integers, the first 0 (e.g. {0: 1, 10: 2})")
         if self.kl_penalty_coef < 0:
             raise ConfigurationError(f"kl_penalty_coef={self.kl_penalty_coef}: must be >= 0 (0 disables it)")
         if self.group_size < 2:

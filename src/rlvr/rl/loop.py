@@ -4,8 +4,11 @@ Setup, then one ``for step`` whose body is a series of paragraphs, each a phase:
 roll out, score (in killable workers: a reward that hangs or raises is counted, not scored 0), advantages, datums,
 train, log, checkpoint. It drives only the client API, so the same loop runs on the in-process engine or a server.
 
-Not yet here (the RL-loop issue lists them): multi-turn environments, streaming and async off-policy modes, PPO/GRPO
-algorithm objects, rollout HTML pages.
+A curriculum (``LoopConfig.curriculum``) narrows each step's problems to a difficulty stage. The algorithm objects
+of the TenSafe cookbook live in ``algorithms``, the rollout pages in ``rollouts``.
+
+Not yet here (the RL-loop issue lists them): multi-turn environments (an ``Env`` API), streaming and asynchronous
+off-policy modes, truncated importance weights.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ from rlvr.rl.datums import apply_kl_penalty, rl_datum, sample_train_metrics
 from rlvr.rl.plot import plot_run
 from rlvr.rl.rollouts import RolloutLog
 from rlvr.rl.tracking import open_trackers
-from rlvr.tasks.base import Problem, ProblemSource
+from rlvr.tasks.base import Problem, ProblemSource, select
 
-__all__ = ["DistributedConfig", "LoopConfig", "check_sampler_fresh", "evaluate", "train"]
+__all__ = ["DistributedConfig", "LoopConfig", "check_sampler_fresh", "curriculum_problems", "evaluate", "train"]
 
 
 def check_sampler_fresh(training_client: Any, sampling_client: Any, probe: list[int], tolerance: float) -> float:
@@ -44,6 +47,19 @@ def check_sampler_fresh(training_client: Any, sampling_client: Any, probe: list[
         raise SamplingError(f"the sampler does not use the current weights: its logprobs differ from the trainer's by "
                             f"up to {gap:.4g} (> {tolerance}); a weight publication did not take effect")
     return gap
+
+
+def curriculum_problems(problems: list[Problem], curriculum: dict[int, float], step: int) -> list[Problem]:
+    """The training problems of ``step``: those no harder than the curriculum stage it falls in (all without one)."""
+    if not curriculum:
+        return problems
+    max_difficulty = curriculum[max(s for s in curriculum if s <= step)]
+    chosen = select(problems, max_difficulty=max_difficulty)
+    if not chosen:
+        known = sorted({p.difficulty for p in problems if p.difficulty is not None})
+        raise ConfigurationError(f"curriculum: no training problem has difficulty <= {max_difficulty} (stage of "
+                                 f"step {step}); the source's difficulties are {known or 'not set'}")
+    return chosen
 
 
 def evaluate(sampling_client: Any, tokenizer: Any, source: ProblemSource, problems: list[Problem],
@@ -88,6 +104,8 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
     train_problems = source.problems("train", shuffle=True, seed=config.seed)
     test_problems = source.problems(_test_split(source), limit=config.eval_problems)
     adam = types.AdamParams(learning_rate=config.learning_rate)
+    for stage in config.curriculum:  # an empty stage is a config error now, not at its step
+        curriculum_problems(train_problems, config.curriculum, stage)
     probe = source.render_ids(train_problems[0], tokenizer)[:16]
     reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
                  if config.kl_penalty_coef > 0 else None)
@@ -106,9 +124,12 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
             metrics["sampler/max_logprob_gap"] = check_sampler_fresh(training_client, sampler, probe,
                                                                      config.sampler_tolerance)
 
-            # Roll out: group_size answers per problem, all requests in flight together.
+            # Roll out: group_size answers per problem (of the curriculum's stage), all requests in flight together.
+            pool = curriculum_problems(train_problems, config.curriculum, step)
             first = step * config.problems_per_step
-            problems = [train_problems[(first + i) % len(train_problems)] for i in range(config.problems_per_step)]
+            problems = [pool[(first + i) % len(pool)] for i in range(config.problems_per_step)]
+            if config.curriculum:
+                metrics["curriculum/max_difficulty"] = max(p.difficulty for p in pool)
             prompts = [source.render_ids(p, tokenizer) for p in problems]
             params = types.SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature,
                                           seed=rng.randrange(2**31))
@@ -181,6 +202,8 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                                         test_problems, runner, config.max_tokens))
             metrics["time/total"] = time.time() - t_start
             metrics["tokens_per_s"] = metrics["env/all/ac_tokens_per_turn"] * len(items) / metrics["time/total"]
+            if hasattr(service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
+                metrics.update(service.distributed_metrics())
             tracker.log(metrics, step)
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
                 path = training_client.save_state(f"step-{step + 1:06d}").result().path
