@@ -15,5 +15,9 @@ if [[ ! -f "$STAMP" || "$ROOT/pyproject.toml" -nt "$STAMP" ]]; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]"
+    # tinker-cookbook, for the test that runs its rl.train against `rlvr serve`: 0.6.1 is the one release that accepts
+    # tinker 0.38 and transformers 5.23, and it declares tml-renderers>=0.4.1, which PyPI here lacks and rl.train
+    # never imports; so it goes in without its declared dependencies (the ones rl.train uses are in the dev extra).
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "tinker-cookbook==0.6.1"
     touch "$STAMP"
 fi
