@@ -14,7 +14,8 @@ subclasses the standard-library error it stands for, so ``except ValueError`` ke
     ├── RewardError (RuntimeError)          a reward could not score a response (raised, non-finite, no sandbox)
     │   └── RewardTimeoutError (TimeoutError)
     ├── UnknownRewardError (ConfigurationError, KeyError)   a reward name that is not registered
-    └── SandboxError (RuntimeError)         the code sandbox could not run a job (not: the job failed its tests)
+    ├── SandboxError (RuntimeError)         the code sandbox could not run a job (not: the job failed its tests)
+    └── WorkerLostError (RuntimeError)      a Ray actor died and its work could not be completed
 """
 
 from __future__ import annotations
@@ -73,3 +74,8 @@ class UnknownRewardError(ConfigurationError, KeyError):
 
     def __str__(self) -> str:  # KeyError would wrap the message in quotes
         return str(self.args[0]) if self.args else ""
+
+
+class WorkerLostError(RlvrError, RuntimeError):
+    """A distributed worker (a Ray actor) died and its work could not be completed: its restarts were used up, or
+    it was the trainer, whose unsaved state no restart brings back (resume from the last checkpoint)."""

@@ -1,0 +1,120 @@
+"""The Ray backend: the same RL loop with its trainer, samplers and reward workers in Ray actors (``rlvr[ray]``).
+
+    from rlvr.rl.loop import DistributedConfig, LoopConfig, train
+    train(LoopConfig(..., distributed=DistributedConfig(backend="ray", num_samplers=2, num_reward_workers=2)), source)
+
+What it is: :func:`ray_backend` starts one trainer actor (an in-process ``rlvr`` engine holding the LoRA adapter and
+its optimizer), ``num_samplers`` sampler actors (each the base model plus the adapters published to it) and
+``num_reward_workers`` reward actors, and returns two objects the loop already knows how to drive: a Tinker-shaped
+service client (``clients``) and a reward runner with ``score(items) -> BatchScores`` (``rewards``). The loop runs
+on them unchanged. What you get, and what is tested on a 2-core machine:
+
+- the same numbers: a seeded run gives the in-process run's metrics (sampling seeds travel with each request, so
+  which replica serves a request does not matter; see tests/distributed for the tolerance and why);
+- verified weight publication: the trainer hashes each published adapter, every sampler hashes what it loaded,
+  and any mismatch, or a request for weights a replica holds in another version, is a ``SamplingError``;
+- fault handling: a sampler or reward actor that dies is restarted by Ray and its work is sent again (a restarted
+  sampler first reloads the newest adapter); deaths and re-sent requests are counted in each step's metrics
+  (``distributed/sampler_restarts|retries``, ``distributed/reward_restarts|retries``, cumulative; from
+  ``service.distributed_metrics()``);
+- small footprint: actors ask Ray for no CPUs (``num_cpus=0``) and model-holding actors split the machine's cores
+  between them (``torch.set_num_threads``), so everything fits on ``ray.init(num_cpus=2)``.
+
+Files: ``clients.py`` (the Tinker-shaped service, training and sampling clients the loop drives), ``actors.py``
+(trainer and sampler actors), ``rewards.py`` (reward actors and ``RayRewardRunner``), ``weights.py`` (adapter files
+and content hashes), ``cluster.py`` (starting Ray, restartable actors, restart counting), ``futures.py`` (Tinker
+futures over actor calls, re-sent after a restart).
+
+What it is not: a fault-tolerant trainer (a dead trainer actor is a ``WorkerLostError``; resume from the last
+checkpoint with ``resume=True``), a vLLM sampler or an FSDP2 trainer (below), or needed at all: ``import rlvr`` and
+the loop work without Ray, and asking for the Ray backend without it installed says ``pip install 'rlvr[ray]'``.
+
+Multi-node and GPUs
+-------------------
+On a cluster, start Ray on each machine and point the loop at it::
+
+    ray start --head --port=6379                  # on the head node
+    ray start --address=HEAD_IP:6379              # on every other node
+    export RLVR_HOME=/shared/rlvr                 # on the head node: checkpoints on storage every node sees
+    rlvr train distributed.backend=ray distributed.address=auto distributed.num_samplers=4 \
+        distributed.num_reward_workers=8          # or, in a YAML config: distributed: {backend: ray, ...}
+
+``address=None`` starts a private local Ray instance instead; ``"ray://HEAD_IP:10001"`` connects through Ray
+Client. Sampler and reward actors are placed with Ray's ``SPREAD`` strategy, one replica per node where possible.
+Published adapters travel through Ray's object store, so samplers need no shared disk; checkpoints
+(``save_state``) are written by the trainer on its node, and ``resume=True`` must run where it can read them, so keep
+``RLVR_HOME`` on shared storage (it is forwarded to the actors when set) and install the same rlvr and model cache
+on every node. Only one machine was available while this was written: multi-node placement is not tested (the
+code path is the same, actors just land on other nodes). Two pieces plug in at fixed places and are NOT implemented
+or tested here, because no GPU was available: a vLLM sampler backend would replace ``SamplerActor`` (same
+``load`` / ``sample`` / ``compute_logprobs`` methods; load the published peft folder as a vLLM LoRA request, and
+check its logprobs against the trainer's with the loop's probe, since vLLM's kernels will not match bit for bit),
+and an FSDP2 trainer would replace ``TrainerActor`` by a group of actors, one per GPU (``num_gpus=1`` each),
+sharding the base model with ``torch.distributed.fsdp.fully_shard`` and publishing the gathered LoRA weights from
+rank 0. Today every actor asks for ``num_cpus=0`` and no GPU (on GPU nodes the model actors would ask for
+``num_gpus``), and each model actor takes ``1 / (1 + num_samplers)`` of its node's cores, which suits one machine
+but leaves cores idle when the actors are spread over several.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Protocol
+
+from rlvr.distributed.cluster import MAX_RESTARTS, actor_env, connect, import_ray
+
+if TYPE_CHECKING:
+    from rlvr.distributed.clients import RayServiceClient
+    from rlvr.distributed.rewards import RayRewardRunner
+    from rlvr.rewards.registry import Reward, RewardFn
+
+SAMPLER_CONCURRENCY = 32
+"""Requests one sampler actor accepts at once; the engine decodes the waiting ones as a batch."""
+
+
+class Placement(Protocol):
+    """What ray_backend reads from ``rlvr.rl.config.DistributedConfig`` (not imported: rl sits above us)."""
+
+    address: str | None
+    num_samplers: int
+    num_reward_workers: int
+
+
+def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: float = 10.0,
+                seed: int | None = None) -> tuple[RayServiceClient, RayRewardRunner]:
+    """Start the actors ``config`` (a ``DistributedConfig``) asks for; return ``(service, runner)`` for the loop.
+
+    ``reward`` is what the runner scores with (it must survive cloudpickle: ConfigurationError otherwise, before
+    any model actor starts), ``timeout`` the seconds per reward call, ``seed`` seeds requests that bring no seed.
+    Connects to ``config.address`` unless this process is already connected to Ray.
+    """
+    from rlvr.distributed.rewards import RayRewardRunner
+
+    ray = connect(config.address)
+    tag = uuid.uuid4().hex[:8]
+    runner = RayRewardRunner(reward, timeout=timeout, num_workers=config.num_reward_workers, name=f"rlvr-{tag}")
+    from rlvr.distributed.actors import SamplerActor, TrainerActor
+    from rlvr.distributed.clients import RayServiceClient
+
+    env = actor_env() or None
+    share = 1 + config.num_samplers  # model-holding actors on one machine split its cores
+    trainer = ray.remote(TrainerActor).options(name=f"rlvr-{tag}-trainer", num_cpus=0, max_restarts=0,
+                                               runtime_env=env).remote(share)
+    samplers = [ray.remote(SamplerActor).options(name=f"rlvr-{tag}-sampler-{i}", num_cpus=0,
+                                                 max_restarts=MAX_RESTARTS, max_task_retries=0,
+                                                 max_concurrency=SAMPLER_CONCURRENCY, scheduling_strategy="SPREAD",
+                                                 runtime_env=env).remote(i, share)
+                for i in range(config.num_samplers)]
+    try:
+        runner.start()  # the reward actors start while the model actors import torch
+        service = RayServiceClient(trainer, samplers, seed=seed)
+        service.runners.append(runner)
+    except BaseException:
+        runner.close()
+        for handle in [trainer, *samplers]:
+            ray.kill(handle, no_restart=True)
+        raise
+    return service, runner
+
+
+__all__ = ["Placement", "import_ray", "ray_backend"]
