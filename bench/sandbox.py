@@ -6,7 +6,7 @@ them through ``rlvr.sandbox.Sandbox`` and through the baseline a user would othe
 workers, checks both agree on which programs pass, and prints programs per second for each and the ratio.
 
     python bench/sandbox.py                    # 500 programs
-    python bench/sandbox.py --json out.json    # also write rlvr_programs_per_s, baseline_programs_per_s, ratio
+    python bench/sandbox.py --json out.json    # also write the rates, the ratio, programs and workers
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio: {ratio:.1f}x  (passed: rlvr {passed}, baseline {sum(baseline)}, disagreements {mismatches})")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"rlvr_programs_per_s": rlvr_rate, "baseline_programs_per_s": base_rate, "ratio": ratio},
-                      handle, indent=2)
+            json.dump({"rlvr_programs_per_s": rlvr_rate, "baseline_programs_per_s": base_rate, "ratio": ratio,
+                       "programs": len(jobs), "workers": workers, "disagreements": mismatches}, handle, indent=2)
     if mismatches:
         print("error: the sandbox and the baseline disagree on which programs pass", file=sys.stderr)
         return 1
