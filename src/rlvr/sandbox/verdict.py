@@ -81,7 +81,7 @@ def decide(found: Reports, num_tests: int, how: str, wait_status: int, cpu_s: fl
     if how == "timeout":
         return "timeout", [f"wall-clock timeout after {timeout:g} s; the job's process group was killed ({progress})"]
     if signum == signal.SIGXCPU or (signum == signal.SIGKILL and cpu_s >= timeout):
-        return "timeout", [f"CPU time limit of {timeout:g} s exceeded ({progress})"]
+        return "timeout", [f"timeout: CPU time limit of {timeout:g} s exceeded ({progress})"]
     if signum is not None:
         return "killed", [f"the job was killed by signal {signal.Signals(signum).name} ({progress})"]
     if found.complete and exit_code == 0 and num_passed == num_tests:
