@@ -64,6 +64,30 @@ def test_snapshot_is_frozen_while_training_goes_on(service):
     assert tc.save_weights_and_get_sampling_client().compute_logprobs(prompt).result() != before
 
 
+def test_released_snapshots_are_reused_with_the_new_weights(service):
+    """A publication reuses a released snapshot's adapter: it must hold the current weights, and the number of
+    adapters on the base model stays bounded however many times the loop publishes."""
+    import gc
+
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=13)
+    tokens = tc.get_tokenizer().encode("reuse me")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    host = tc._trainer.host
+    counts = []
+    for _ in range(6):
+        sampler = tc.save_weights_and_get_sampling_client()
+        got = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()[1:]
+        want = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+        del sampler
+        gc.collect()
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()  # also waits for the queued release
+        counts.append(len(host.specs))
+    assert counts[-1] == counts[2], counts  # steady state: no adapter per publication
+
+
 def test_seeded_sampling_reproduces_and_seeds_differ(trained):
     sampler = trained.save_weights_and_get_sampling_client()
     prompt = types.ModelInput.from_ints(trained.get_tokenizer().encode("abc"))

@@ -101,30 +101,3 @@ def check_data(
             inputs[key] = tensor
         checked.append(CheckedDatum(torch.tensor(tokens, dtype=torch.int64), targets, inputs))
     return checked
-
-
-def microbatches(data: list[CheckedDatum], max_tokens: int) -> list[list[int]]:
-    """Indices of ``data`` grouped so each group pads to at most ``max_tokens`` tokens (one datum at least)."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i, datum in enumerate(data):
-        length = len(datum.input_ids)
-        if current and max(longest, length) * (len(current) + 1) > max_tokens:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, length)
-    if current:
-        groups.append(current)
-    return groups
-
-
-def pad(rows: list[torch.Tensor], value: int) -> torch.Tensor:
-    """Right-pad 1-D tensors into one (B, T) tensor."""
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), value, dtype=rows[0].dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
-

@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 from rlvr.engine import checkpoint
-from rlvr.engine.batch import CheckedDatum, check_data, microbatches, model_input_tokens, pad
+from rlvr.engine.batch import CheckedDatum, check_data, model_input_tokens
 from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.losses import resolve_loss
 from rlvr.engine.models import canonical_name, load_base_model
 from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
+from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
 from rlvr.engine.sampler import SampleJob, resolve_params, sample_batch
 from rlvr.errors import CheckpointError, InvalidDatumError, SamplingError
 
@@ -148,16 +148,15 @@ class Engine:
 
     # -- forward / backward ---------------------------------------------------------------------------------------
 
-    def _logprobs(self, trainer: Trainer, data: list[CheckedDatum]) -> list[torch.Tensor]:
-        """log p(target_t | input_<=t) for each datum, (T_i,) each, differentiable when grad is enabled."""
-        tokenizer = trainer.host.base.tokenizer
-        input_ids = pad([d.input_ids for d in data], tokenizer.pad_token_id)  # (B, T)
-        attention_mask = pad([torch.ones_like(d.input_ids) for d in data], 0)  # (B, T)
-        targets = pad([d.targets for d in data], 0)  # (B, T)
+    def _logprobs(self, trainer: Trainer, data: list[CheckedDatum], batch: list[Cluster]) -> dict[int, torch.Tensor]:
+        """log p(target_t | input_<=t) of the datums in ``batch`` by index, (T_i,) each, differentiable when grad is
+        enabled; shared prefixes are computed once (``prefix.py``)."""
         with trainer.host.active(trainer.adapter) as model:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
-        logprobs = -F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T)
-        return [logprobs[i, : len(d.input_ids)] for i, d in enumerate(data)]
+            return cluster_logprobs(model, [d.input_ids for d in data], [d.targets for d in data], batch,
+                                    trainer.host.base.tokenizer.pad_token_id)
+
+    def _plan(self, data: list[CheckedDatum]) -> list[list[Cluster]]:
+        return plan([d.input_ids.tolist() for d in data], self.max_tokens_per_microbatch)
 
     def forward(
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: str, loss_fn_config: dict | None, backward: bool
@@ -169,12 +168,13 @@ class Engine:
         params = list(trainer.host.parameters(trainer.adapter).values())
         saved_grads = [None if p.grad is None else p.grad.clone() for p in params]
         try:
-            for group in microbatches(checked, self.max_tokens_per_microbatch):
-                batch = [checked[i] for i in group]
+            for clusters in self._plan(checked):
+                group = [r for cluster in clusters for r in cluster.rows]
                 with torch.set_grad_enabled(backward):
-                    logprobs = self._logprobs(trainer, batch)
+                    by_row = self._logprobs(trainer, checked, clusters)
+                    logprobs = [by_row[i] for i in group]
                     flat = torch.cat(logprobs)
-                    inputs = [torch.cat([d.inputs[k] for d in batch]) for k in spec.inputs]
+                    inputs = [torch.cat([checked[i].inputs[k] for i in group]) for k in spec.inputs]
                     loss, group_metrics = spec.fn(flat, *inputs, **config)
                 if not torch.isfinite(loss):
                     raise InvalidDatumError(f"loss_fn={loss_fn!r} gave a non-finite loss ({loss.item()}); no "
@@ -194,7 +194,10 @@ class Engine:
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: CustomLossFn
     ) -> types.ForwardBackwardOutput:
         checked = check_data(data, (), self._vocab_size(trainer.host), allow_extra=True)
-        logprobs = self._logprobs(trainer, checked)
+        by_row: dict[int, torch.Tensor] = {}
+        for clusters in self._plan(checked):
+            by_row.update(self._logprobs(trainer, checked, clusters))
+        logprobs = [by_row[i] for i in range(len(checked))]
         result = loss_fn(list(data), logprobs)
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
             raise InvalidDatumError("a custom loss_fn must return (loss: torch.Tensor scalar, metrics: dict)")
@@ -270,8 +273,7 @@ class Engine:
         path = checkpoint.make_path(trainer.run_id, "sampler_weights", name or f"ephemeral-{next(self._names)}")
         if name is not None:
             checkpoint.write(path, self._adapter_files(trainer))
-        snapshot = self._new_adapter_name("sampler")
-        trainer.host.copy(trainer.adapter, snapshot)
+        snapshot = trainer.host.copy(trainer.adapter, self._new_adapter_name("sampler"))
         self._snapshots[path] = (trainer.host, snapshot)
         self._snapshot_refs.setdefault(path, 0)
         return path
@@ -303,7 +305,7 @@ class Engine:
         if self._snapshot_refs[model_path] <= 0:
             host, snapshot = self._snapshots.pop(model_path)
             del self._snapshot_refs[model_path]
-            host.delete(snapshot)
+            host.retire(snapshot)
 
     def release_sampler_later(self, model_path: str) -> None:
         """Queue ``release_sampler`` (called when a SamplingClient is garbage-collected, from any thread)."""

@@ -28,6 +28,7 @@ TARGET_GROUPS = {
     "unembed": ("lm_head",),
 }
 LORA_ALPHA = 32  # Scaling is alpha / rank.
+MAX_RETIRED = 2  # released sampler snapshots kept for reuse (building an adapter's modules costs ~0.5 s on SmolLM2)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class AdapterHost:
         self.base = base
         self.peft: PeftModel | None = None
         self.specs: dict[str, LoraSpec] = {}
+        self._retired: list[str] = []  # snapshot adapters no sampler uses, kept for ``copy`` to reuse
 
     @property
     def model(self) -> torch.nn.Module:
@@ -94,12 +96,32 @@ class AdapterHost:
                 self.peft.add_adapter(name, config)
         self.specs[name] = spec
 
-    def copy(self, source: str, name: str) -> None:
-        """A frozen snapshot ``name`` of adapter ``source``'s current weights."""
-        self.add(name, self.specs[source], seed=0)
-        self.load_state_dict(name, self.state_dict(source))
+    def copy(self, source: str, name: str) -> str:
+        """A frozen snapshot of adapter ``source``'s current weights; returns its name: ``name``, or that of a retired
+        snapshot of the same spec whose modules are reused (the values are overwritten all the same)."""
+        spec = self.specs[source]
+        reused = next((n for n in self._retired if self.specs[n] == spec), None)
+        if reused is None:
+            self.add(name, spec, seed=0)
+        else:
+            self._retired.remove(reused)
+            name = reused
+        targets = self.parameters(name)
+        with torch.no_grad():
+            for key, value in self.parameters(source).items():
+                targets[key.replace(f".{source}.", f".{name}.")].copy_(value)
+        return name
+
+    def retire(self, name: str) -> None:
+        """Adapter ``name`` is no longer used: keep it for ``copy`` to reuse, or delete it when enough are kept."""
+        if len(self._retired) < MAX_RETIRED:
+            self._retired.append(name)
+        else:
+            self.delete(name)
 
     def delete(self, name: str) -> None:
+        if name in self._retired:
+            self._retired.remove(name)
         if self.peft is not None and name in self.specs and len(self.specs) > 1:
             if name in self.peft.active_adapters:  # peft warns when deleting the active adapter; move off it first
                 self.peft.set_adapter(next(other for other in self.specs if other != name))

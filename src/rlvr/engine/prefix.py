@@ -1,0 +1,176 @@
+"""The trainer's forward pass with shared prefixes: datums that begin with the same tokens (a GRPO group: one prompt
+and its sampled answers) compute those tokens once, and each datum's remaining tokens attend to their keys and
+values.
+
+A call's datums are planned as clusters: sorted by their tokens, neighbours joined while that saves work (a cluster
+of n datums sharing L tokens skips (n - 1) x L token positions). One forward runs every cluster's shared prefix
+(right-padded); the rest of every member then runs against its cluster's cached keys and values, right-padded, in a
+few forwards of rows of similar length (so a short answer does not pad to the longest). Gradients flow back through
+the shared keys and values into the prefix, so the logprobs and gradients equal those of one forward per datum up
+to float rounding (tests compare them). A datum that shares nothing is a cluster of one whose prefix is the whole
+datum: a batch with no sharing is one plain forward.
+
+Not here: datum checking (``batch.py``), losses (``losses.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+MIN_SHARED = 4
+"""Shortest common prefix worth a cluster (tokens)."""
+MIN_BUCKET = 512
+"""Token positions a suffix forward holds before rows of quite different length start another."""
+BUCKET_FILL = 0.75
+"""A row joins the current suffix forward when it is at least this fraction of the forward's width."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Datums (by index) whose first ``shared`` tokens are equal and computed once."""
+
+    rows: tuple[int, ...]
+    shared: int
+    """At most the length of every row; a row of exactly this length is all prefix."""
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def find_clusters(sequences: Sequence[Sequence[int]]) -> list[Cluster]:
+    """Group sequences by shared prefix: sorted order, a neighbour joins while the saving does not shrink."""
+    order = sorted(range(len(sequences)), key=lambda i: list(sequences[i]))
+    clusters: list[Cluster] = []
+    rows: list[int] = []
+    shared = 0  # of `rows` when it has two or more members
+
+    def close() -> None:
+        if len(rows) == 1:
+            clusters.append(Cluster((rows[0],), len(sequences[rows[0]])))
+        elif rows:
+            clusters.append(Cluster(tuple(rows), shared))
+
+    for i in order:
+        if rows:
+            common = _common(sequences[rows[-1]], sequences[i])
+            joined = min(common, len(sequences[i])) if len(rows) == 1 else min(shared, common)
+            if joined >= MIN_SHARED and len(rows) * joined >= (len(rows) - 1) * shared:
+                rows.append(i)
+                shared = joined
+                continue
+            close()
+        rows, shared = [i], 0
+    close()
+    return clusters
+
+
+def _cost(clusters: Sequence[Cluster], lengths: Sequence[int]) -> int:
+    """Padded token positions of the two forwards over ``clusters``."""
+    prefix = max(c.shared for c in clusters)
+    suffix = max(lengths[r] - c.shared for c in clusters for r in c.rows)
+    rows = sum(len(c.rows) for c in clusters)
+    return len(clusters) * prefix + (rows * suffix if suffix else 0)
+
+
+def plan(sequences: Sequence[Sequence[int]], max_tokens: int) -> list[list[Cluster]]:
+    """Microbatches of clusters, each padding to about ``max_tokens`` positions at most (one row at least).
+
+    Clusters with members come first, then single datums by length; a cluster too big for one microbatch is split
+    into several with the same prefix (recomputed for each).
+    """
+    lengths = [len(s) for s in sequences]
+    pieces: list[Cluster] = []
+    clusters = find_clusters(sequences)
+    shared = [c for c in clusters if len(c.rows) > 1]
+    single = sorted((c for c in clusters if len(c.rows) == 1), key=lambda c: c.shared)
+    for cluster in shared:
+        suffix = max(lengths[r] - cluster.shared for r in cluster.rows)
+        per_piece = max(1, (max_tokens - cluster.shared) // max(suffix, 1))
+        pieces += [Cluster(cluster.rows[k:k + per_piece], cluster.shared)
+                   for k in range(0, len(cluster.rows), per_piece)]
+    pieces += single
+    batches: list[list[Cluster]] = []
+    for piece in pieces:
+        if batches and _cost([*batches[-1], piece], lengths) <= max_tokens:
+            batches[-1].append(piece)
+        else:
+            batches.append([piece])
+    return batches
+
+
+def cluster_logprobs(
+    model: torch.nn.Module, input_ids: Sequence[torch.Tensor], targets: Sequence[torch.Tensor],
+    clusters: Sequence[Cluster], pad_id: int,
+) -> dict[int, torch.Tensor]:
+    """log p(targets[i][t] | input_ids[i][:t+1]) for every row of ``clusters``, (T_i,) each, by row index;
+    differentiable when grad is enabled."""
+    lengths = {r: len(input_ids[r]) for c in clusters for r in c.rows}
+    width = max(c.shared for c in clusters)
+    prefix_ids = torch.full((len(clusters), width), pad_id, dtype=torch.long)  # (U, W)
+    prefix_mask = torch.zeros((len(clusters), width), dtype=torch.long)  # (U, W)
+    for u, cluster in enumerate(clusters):
+        prefix_ids[u, :cluster.shared] = input_ids[cluster.rows[0]][:cluster.shared]
+        prefix_mask[u, :cluster.shared] = 1
+    positions = torch.arange(width).expand(len(clusters), width)
+    out = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=positions,
+                past_key_values=DynamicCache(), use_cache=True)
+    prefix_logits = out.logits.float()  # (U, W, V)
+    prefix_lse = prefix_logits.logsumexp(-1)  # (U, W)
+
+    members = [(u, r) for u, cluster in enumerate(clusters) for r in cluster.rows]
+    rests = [lengths[r] - clusters[u].shared for u, r in members]
+    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]  # (U, H, W, D) each
+    tails = {j: prefix_lse.new_zeros(0) for j, rest in enumerate(rests) if rest == 0}
+    for bucket in _buckets([j for j, rest in enumerate(rests) if rest], rests):
+        width = rests[bucket[0]]
+        suffix_ids = torch.full((len(bucket), width), pad_id, dtype=torch.long)  # (B, S)
+        suffix_mask = torch.zeros((len(bucket), width), dtype=torch.long)  # (B, S)
+        for b, j in enumerate(bucket):
+            u, r = members[j]
+            suffix_ids[b, :rests[j]] = input_ids[r][clusters[u].shared:]
+            suffix_mask[b, :rests[j]] = 1
+        cluster_of = torch.tensor([members[j][0] for j in bucket])  # (B,)
+        starts = torch.tensor([clusters[members[j][0]].shared for j in bucket])  # (B,)
+        cache = DynamicCache(ddp_cache_data=[(k[cluster_of], v[cluster_of]) for k, v in kv])  # its cluster's prefix
+        logits = model(input_ids=suffix_ids, attention_mask=torch.cat([prefix_mask[cluster_of], suffix_mask], -1),
+                       position_ids=starts[:, None] + torch.arange(width), past_key_values=cache,
+                       use_cache=True).logits.float()  # (B, S, V)
+        rows = [b for b, j in enumerate(bucket) for _ in range(rests[j])]
+        steps = [t for j in bucket for t in range(rests[j])]
+        tokens = [t for j in bucket for t in targets[members[j][1]][-rests[j]:].tolist()]
+        values = logits[rows, steps, tokens] - logits.logsumexp(-1)[rows, steps]  # one gather per forward
+        tails.update(zip(bucket, values.split([rests[j] for j in bucket]), strict=True))
+
+    # One gather over the prefix logits (a gather per row would make its backward fill a logits-sized tensor each).
+    rows = [u for u, r in members for _ in range(clusters[u].shared)]
+    steps = [t for u, _ in members for t in range(clusters[u].shared)]
+    tokens = [t for u, r in members for t in targets[r][:clusters[u].shared].tolist()]
+    head = prefix_logits[rows, steps, tokens] - prefix_lse[rows, steps]
+    heads = head.split([clusters[u].shared for u, _ in members])
+    return {r: torch.cat([h, tails[j]]) for j, ((_, r), h) in enumerate(zip(members, heads, strict=True))}
+
+
+def _buckets(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
+    """``rows`` grouped for the suffix forwards, longest first: a bucket pads to its first row's length, and a new
+    one starts once the current has ``MIN_BUCKET`` positions and the next row is under ``BUCKET_FILL`` of its width
+    (so padding stays small without many tiny forwards)."""
+    buckets: list[list[int]] = []
+    for j in sorted(rows, key=lambda j: -lengths[j]):
+        if buckets:
+            width = lengths[buckets[-1][0]]
+            if len(buckets[-1]) * width < MIN_BUCKET or lengths[j] >= BUCKET_FILL * width:
+                buckets[-1].append(j)
+                continue
+        buckets.append([j])
+    return buckets
