@@ -13,9 +13,10 @@ The "sampler" logprobs are the current model's logprobs of each batch (one rlvr 
 ratio starts at 1, as on-policy RL has it. Batches alternate which side runs first; the first ``--warmup`` batches
 are not counted.
 
-Printed: tokens/s of each (all tokens of every sequence, prompt included, as both compute them), the ratio, and the
-largest gap between the two losses on the same batch, relative to the loss (or to 1, if smaller); they should
-agree (same weights, same formula), and the script fails when they differ by more than 1e-3.
+Printed: tokens/s of each (all tokens of every sequence, prompt included; rlvr computes a group's shared prompt
+once, the plain loop once per sequence, as a researcher's loop does), the ratio, and the largest gap between the two
+losses on the same batch, relative to the loss (or to 1, if smaller); they should agree (same weights, same
+formula), and the script fails when they differ by more than 1e-3.
 
     python bench/train_throughput.py [--batches 4] [--batch-size 32] [--max-tokens 64] [--json PATH]
 """
