@@ -1,0 +1,241 @@
+"""Environments: a task as turns, so single-turn problems, multi-turn refinement (the model sees what failed and
+tries again) and tool use share one rollout and one way of becoming training data.
+
+An ``Env`` gives a first observation (prompt tokens) and answers each action (sampled tokens) with a reward, whether
+the episode is over, and the next observation. An ``EnvGroupBuilder`` makes the envs of one group (the same problem,
+``group_size`` times, so advantages can be centred within it) and may add group-level rewards (a ranking within the
+group, say); an ``RLDataset`` hands out batches of builders. ``rollout_groups`` plays every env of a batch turn by
+turn, all requests of a turn in flight together; ``trajectory_datums`` turns a trajectory into Tinker datums: when
+each observation extends the previous observation and action (a growing conversation) the whole episode is one
+datum, its actions trained and its observations masked; otherwise each break starts a new datum.
+
+Envs run in the calling process: an env whose reward runs untrusted code should score through the sandbox
+(``rlvr.sandbox``) as the code rewards do. Not here: the synchronous loop over problem sources (``loop.py``).
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr import types
+from rlvr.errors import ConfigurationError
+from rlvr.tasks.base import Problem, ProblemSource
+
+
+@dataclass
+class StepResult:
+    """What an env answers to one action."""
+
+    reward: float
+    """Reward for this turn (an episode's reward is the sum over its turns)."""
+    done: bool
+    """The episode is over; ``next_observation`` is ignored."""
+    next_observation: list[int] = field(default_factory=list)
+    """Prompt tokens of the next turn: usually the conversation so far plus the env's reply."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Numbers to log for this turn (averaged over the batch as ``env/<name>``)."""
+
+
+class Env(ABC):
+    """One episode of a task."""
+
+    @abstractmethod
+    def initial_observation(self) -> list[int]:
+        """Prompt tokens of the first turn."""
+
+    @abstractmethod
+    def step(self, action: list[int]) -> StepResult:
+        """Answer the model's ``action`` (sampled tokens, the stop token included when one ended it)."""
+
+
+@dataclass
+class Transition:
+    """One turn: what the model saw, what it sampled (with the sampler's logprobs), what it got."""
+
+    observation: list[int]
+    action: list[int]
+    logprobs: list[float]
+    reward: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One episode's turns; ``finished`` is False when the turn limit cut it short."""
+
+    transitions: list[Transition]
+    finished: bool = True
+
+    @property
+    def reward(self) -> float:
+        return sum(t.reward for t in self.transitions)
+
+
+@dataclass
+class TrajectoryGroup:
+    """The trajectories of one group and their group-level rewards."""
+
+    trajectories: list[Trajectory]
+    group_rewards: list[float]
+
+    def total_rewards(self) -> list[float]:
+        """Per trajectory: the sum of its turns' rewards plus its group-level reward."""
+        return [t.reward + g for t, g in zip(self.trajectories, self.group_rewards, strict=True)]
+
+
+class EnvGroupBuilder(ABC):
+    """Makes the envs of one group."""
+
+    @abstractmethod
+    def make_envs(self) -> Sequence[Env]:
+        """Fresh envs, one per trajectory of the group."""
+
+    def group_rewards(self, trajectories: Sequence[Trajectory]) -> list[float]:
+        """Rewards that need the whole group (added to each trajectory's own); none by default."""
+        return [0.0] * len(trajectories)
+
+
+class RLDataset(ABC):
+    """Batches of env group builders, one batch per training step."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of batches."""
+
+    @abstractmethod
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        """Batch ``index`` (0 <= index < len(self))."""
+
+
+def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
+                   max_turns: int = 8, seed: int | None = None) -> list[TrajectoryGroup]:
+    """Play every env of every builder to the end (or ``max_turns``), one sample per env per turn.
+
+    All envs still running take their turn together, so the sampler decodes them as one batch. Each request gets
+    its own seed (drawn from ``seed``), so envs with the same observation still sample independently.
+    """
+    if max_turns < 1:
+        raise ConfigurationError(f"max_turns must be at least 1, got {max_turns}")
+    rng = random.Random(seed)
+    envs = [list(builder.make_envs()) for builder in builders]
+    for b, group in enumerate(envs):
+        if not group:
+            raise ConfigurationError(f"{type(builders[b]).__name__}.make_envs() returned no envs")
+    running = [(b, e) for b, group in enumerate(envs) for e in range(len(group))]
+    observations = {key: list(envs[key[0]][key[1]].initial_observation()) for key in running}
+    transitions: dict[tuple[int, int], list[Transition]] = {key: [] for key in running}
+    for _ in range(max_turns):
+        if not running:
+            break
+        futures = [sampling_client.sample(types.ModelInput.from_ints(observations[key]), 1,
+                                          params.model_copy(update={"seed": rng.randrange(2**31)}))
+                   for key in running]
+        still = []
+        for key, future in zip(running, futures, strict=True):
+            sequence = future.result().sequences[0]
+            result = envs[key[0]][key[1]].step(list(sequence.tokens))
+            transitions[key].append(Transition(observations[key], list(sequence.tokens), list(sequence.logprobs),
+                                               float(result.reward), dict(result.metrics)))
+            if not result.done:
+                if not result.next_observation:
+                    raise ConfigurationError(f"{type(envs[key[0]][key[1]]).__name__}.step returned done=False "
+                                             "with an empty next_observation")
+                observations[key] = list(result.next_observation)
+                still.append(key)
+        running = still
+    unfinished = set(running)
+    groups = []
+    for b, builder in enumerate(builders):
+        trajectories = [Trajectory(transitions[b, e], finished=(b, e) not in unfinished) for e in range(len(envs[b]))]
+        extra = list(builder.group_rewards(trajectories))
+        if len(extra) != len(trajectories):
+            raise ConfigurationError(f"{type(builder).__name__}.group_rewards returned {len(extra)} rewards for "
+                                     f"{len(trajectories)} trajectories")
+        groups.append(TrajectoryGroup(trajectories, [float(x) for x in extra]))
+    return groups
+
+
+def trajectory_datums(trajectory: Trajectory, advantage: float) -> list[tuple[types.Datum, list[float]]]:
+    """Datums that train ``trajectory``'s actions with ``advantage``, each with its mask over target positions
+    (1.0 = a sampled token). Observations get advantage 0 and logprob 0, as ``datums.rl_datum`` does."""
+    out: list[tuple[types.Datum, list[float]]] = []
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    sampled: list[float] = []  # 1.0 where the token was sampled
+
+    def flush() -> None:
+        if len(tokens) > 1:
+            mask = sampled[1:]
+            out.append((types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": logprobs[1:],
+                                "advantages": [advantage * m for m in mask]}), mask))
+
+    for t in trajectory.transitions:
+        if len(t.action) != len(t.logprobs):
+            raise ConfigurationError(f"a transition has {len(t.action)} action tokens but {len(t.logprobs)} logprobs")
+        if tokens and t.observation[:len(tokens)] == tokens:
+            new = t.observation[len(tokens):]  # the conversation grew: keep one datum
+        else:
+            flush()
+            tokens, logprobs, sampled = [], [], []
+            new = t.observation
+        tokens += new + t.action
+        logprobs += [0.0] * len(new) + t.logprobs
+        sampled += [0.0] * len(new) + [1.0] * len(t.action)
+    flush()
+    return out
+
+
+# -- problems as envs -------------------------------------------------------------------------------------------------
+
+class ProblemEnv(Env):
+    """A problem of a ``ProblemSource`` as a one-turn env: the rendered prompt, then the source's reward."""
+
+    def __init__(self, source: ProblemSource, problem: Problem, tokenizer: Any) -> None:
+        self.source, self.problem, self.tokenizer = source, problem, tokenizer
+
+    def initial_observation(self) -> list[int]:
+        return self.source.render_ids(self.problem, self.tokenizer)
+
+    def step(self, action: list[int]) -> StepResult:
+        response = self.tokenizer.decode(action, skip_special_tokens=True)
+        return StepResult(reward=self.source.score(self.problem, response), done=True)
+
+
+@dataclass
+class ProblemGroupBuilder(EnvGroupBuilder):
+    """``group_size`` one-turn envs of one problem."""
+
+    source: ProblemSource
+    problem: Problem
+    tokenizer: Any
+    group_size: int
+
+    def make_envs(self) -> list[Env]:
+        return [ProblemEnv(self.source, self.problem, self.tokenizer) for _ in range(self.group_size)]
+
+
+class ProblemDataset(RLDataset):
+    """A split of a problem source in batches of ``problems_per_batch`` groups (shuffled once with ``seed``)."""
+
+    def __init__(self, source: ProblemSource, tokenizer: Any, problems_per_batch: int, group_size: int,
+                 split: str = "train", seed: int = 0) -> None:
+        self.problems = source.problems(split, shuffle=True, seed=seed)
+        if problems_per_batch < 1 or group_size < 1:
+            raise ConfigurationError("problems_per_batch and group_size must be at least 1")
+        self.source, self.tokenizer = source, tokenizer
+        self.problems_per_batch, self.group_size = problems_per_batch, group_size
+
+    def __len__(self) -> int:
+        return len(self.problems) // self.problems_per_batch
+
+    def get_batch(self, index: int) -> list[EnvGroupBuilder]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} of a dataset with {len(self)} batches")
+        chunk = self.problems[index * self.problems_per_batch:(index + 1) * self.problems_per_batch]
+        return [ProblemGroupBuilder(self.source, p, self.tokenizer, self.group_size) for p in chunk]

@@ -1,0 +1,183 @@
+"""Envs: multi-turn rollouts on tiny, trajectories as datums (checked by hand and against the trainer), and
+learning through the env API."""
+
+import pytest
+
+from rlvr import types
+from rlvr.errors import ConfigurationError
+from rlvr.rl.advantages import group_advantages
+from rlvr.rl.datums import rl_datum
+from rlvr.rl.envs import (
+    Env,
+    EnvGroupBuilder,
+    ProblemDataset,
+    StepResult,
+    Trajectory,
+    Transition,
+    rollout_groups,
+    trajectory_datums,
+)
+from rlvr.tasks.base import Problem, ProblemSource
+
+
+def inputs(datum):
+    return {k: v.tolist() for k, v in datum.loss_fn_inputs.items()}
+
+
+def test_one_turn_trajectory_is_the_loops_datum():
+    trajectory = Trajectory([Transition([5, 6, 7], [8, 9], [-0.5, -0.25], reward=1.0)])
+    [(datum, mask)] = trajectory_datums(trajectory, advantage=0.75)
+    expected, expected_mask = rl_datum([5, 6, 7], [8, 9], [-0.5, -0.25], 0.75)
+    assert datum.model_input.to_ints() == expected.model_input.to_ints() == [5, 6, 7, 8]
+    assert inputs(datum) == inputs(expected)
+    assert mask == expected_mask == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_a_growing_conversation_is_one_datum_with_only_actions_trained():
+    first = Transition([1, 2], [3, 4], [-0.5, -0.25], reward=0.0)  # logprobs exact in float32
+    second = Transition([1, 2, 3, 4, 50, 51], [6], [-0.125], reward=1.0)  # env reply 50, 51 then the next action
+    [(datum, mask)] = trajectory_datums(Trajectory([first, second]), advantage=2.0)
+    # full sequence 1 2 3 4 50 51 6; targets are tokens 2..: 2 3 4 50 51 6
+    assert datum.model_input.to_ints() == [1, 2, 3, 4, 50, 51]
+    assert inputs(datum) == {"target_tokens": [2, 3, 4, 50, 51, 6],
+                             "logprobs": [0.0, -0.5, -0.25, 0.0, 0.0, -0.125],
+                             "advantages": [0.0, 2.0, 2.0, 0.0, 0.0, 2.0]}
+    assert mask == [0.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def test_an_observation_that_does_not_extend_the_conversation_starts_a_new_datum():
+    first = Transition([1, 2], [3], [-0.1], reward=0.0)
+    second = Transition([9, 8], [7], [-0.2], reward=1.0)  # e.g. a summarised context
+    datums = trajectory_datums(Trajectory([first, second]), advantage=1.0)
+    assert [d.model_input.to_ints() for d, _ in datums] == [[1, 2], [9, 8]]
+    assert [m for _, m in datums] == [[0.0, 1.0], [0.0, 1.0]]
+
+
+def lowercase_share(text: str) -> float:
+    return sum("a" <= c <= "z" for c in text) / max(len(text), 1)
+
+
+class Refine(Env):
+    """Two turns: the env replies "again:" to the first answer; each answer earns half its share of lowercase letters
+    (learnable by the random tiny model: every trained token bears on the reward)."""
+
+    def __init__(self, tokenizer, prompt: str) -> None:
+        self.tokenizer, self.prompt, self.turn = tokenizer, prompt, 0
+
+    def initial_observation(self):
+        return self.tokenizer.encode(self.prompt)
+
+    def step(self, action):
+        self.turn += 1
+        reward = lowercase_share(self.tokenizer.decode(action, skip_special_tokens=True)) / 2
+        if self.turn == 1:
+            self.seen = self.initial_observation() + action + self.tokenizer.encode(" again:")
+            return StepResult(reward=reward, done=False, next_observation=self.seen, metrics={"turn1": 1.0})
+        return StepResult(reward=reward, done=True)
+
+
+class RefineGroup(EnvGroupBuilder):
+    def __init__(self, tokenizer, prompt: str, size: int, bonus: bool = False) -> None:
+        self.tokenizer, self.prompt, self.size, self.bonus = tokenizer, prompt, size, bonus
+
+    def make_envs(self):
+        return [Refine(self.tokenizer, self.prompt) for _ in range(self.size)]
+
+    def group_rewards(self, trajectories):
+        if not self.bonus:
+            return super().group_rewards(trajectories)
+        best = max(range(len(trajectories)), key=lambda i: trajectories[i].reward)
+        return [1.0 if i == best else 0.0 for i in range(len(trajectories))]
+
+
+PARAMS = types.SamplingParams(max_tokens=6, temperature=1.0)
+
+
+def test_rollout_plays_every_turn_and_the_merged_datum_matches_the_trainer(service):
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=3)
+    tokenizer = tc.get_tokenizer()
+    sampler = tc.save_weights_and_get_sampling_client()
+    [group] = rollout_groups(sampler, [RefineGroup(tokenizer, "Q1:", 4, bonus=True)], PARAMS, seed=0)
+    assert len(group.trajectories) == 4 and all(t.finished for t in group.trajectories)
+    for trajectory in group.trajectories:
+        first, second = trajectory.transitions
+        assert second.observation == first.observation + first.action + tokenizer.encode(" again:")
+        assert first.metrics == {"turn1": 1.0}
+    assert len({tuple(t.transitions[0].action) for t in group.trajectories}) > 1  # each request its own seed
+    assert sorted(group.group_rewards) == [0.0, 0.0, 0.0, 1.0]
+    assert group.total_rewards() == [t.reward + g for t, g in zip(group.trajectories, group.group_rewards,
+                                                                    strict=True)]
+    # Both turns' sampled tokens, in one datum, have the trainer's logprobs: merging put them in the right places.
+    (datum, mask), = trajectory_datums(group.trajectories[0], advantage=0.0)
+    trained = tc.forward([datum], "importance_sampling").result().loss_fn_outputs[0]["logprobs"].tolist()
+    sampled = datum.loss_fn_inputs["logprobs"].tolist()
+    gaps = [abs(a - b) for a, b, m in zip(trained, sampled, mask, strict=True) if m]
+    assert len(gaps) == sum(len(t.action) for t in group.trajectories[0].transitions)
+    assert max(gaps) < 1e-4
+
+
+def test_learning_through_the_env_api(service):
+    """The five steps on envs: roll out groups, centre the episode rewards, datums, forward_backward, optim_step."""
+    tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=1)
+    tokenizer = tc.get_tokenizer()
+    rewards = []
+    for step in range(14):
+        sampler = tc.save_weights_and_get_sampling_client()
+        groups = rollout_groups(sampler, [RefineGroup(tokenizer, f"Q{i}:", 4) for i in range(2)], PARAMS, seed=step)
+        data = []
+        for group in groups:
+            for trajectory, advantage in zip(group.trajectories, group_advantages(group.total_rewards()),
+                                             strict=True):
+                data += [d for d, _ in trajectory_datums(trajectory, advantage)]
+        rewards.append(sum(r for g in groups for r in g.total_rewards()) / 8)
+        tc.forward_backward(data, "importance_sampling")
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+
+
+def test_turn_limit_and_bad_envs_are_reported(service):
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=4)
+    tokenizer = tc.get_tokenizer()
+    sampler = tc.save_weights_and_get_sampling_client()
+    [group] = rollout_groups(sampler, [RefineGroup(tokenizer, "Q:", 2)], PARAMS, max_turns=1, seed=0)
+    assert [len(t.transitions) for t in group.trajectories] == [1, 1]
+    assert not any(t.finished for t in group.trajectories)
+
+    class Silent(Refine):
+        def step(self, action):
+            return StepResult(reward=0.0, done=False)
+
+    class SilentGroup(RefineGroup):
+        def make_envs(self):
+            return [Silent(self.tokenizer, self.prompt)]
+
+    with pytest.raises(ConfigurationError, match="empty next_observation"):
+        rollout_groups(sampler, [SilentGroup(tokenizer, "Q:", 1)], PARAMS)
+
+    class Lopsided(RefineGroup):
+        def group_rewards(self, trajectories):
+            return [1.0]
+
+    with pytest.raises(ConfigurationError, match="1 rewards for 2 trajectories"):
+        rollout_groups(sampler, [Lopsided(tokenizer, "Q:", 2)], PARAMS)
+
+
+class Echo(ProblemSource):
+    name = "echo"
+
+    def splits(self):
+        return ("train", "test")
+
+    def load(self, split):
+        return [Problem(id=f"echo/{i}", question=f"Say {i}.", answer=str(i)) for i in range(5)]
+
+
+def test_problem_sources_plug_in_as_one_turn_envs(service):
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=5)
+    dataset = ProblemDataset(Echo(), tc.get_tokenizer(), problems_per_batch=2, group_size=3)
+    assert len(dataset) == 2
+    with pytest.raises(IndexError):
+        dataset.get_batch(2)
+    groups = rollout_groups(tc.save_weights_and_get_sampling_client(), dataset.get_batch(0), PARAMS, seed=0)
+    assert [len(g.trajectories) for g in groups] == [3, 3]
+    assert all(len(t.transitions) == 1 and t.finished for g in groups for t in g.trajectories)
