@@ -78,6 +78,14 @@ def test_cispo_keeps_gradient_on_clipped_tokens_with_clipped_weight():
     assert metrics["clip_fraction:mean"] == pytest.approx(2 / 3)
 
 
+def test_truncated_importance_sampling_is_cispo_without_a_lower_bound():
+    # TIS: d/dlp = -min(r, C) * A. token 0: r = e^1 = 2.72 -> capped at 2 ; token 1: r = e^-2 = 0.135 kept (no floor)
+    lp, q, adv, cap = [0.0, -2.0], [-1.0, 0.0], [1.0, -1.0], 2.0
+    _, grad, _ = run("cispo", lp, logprobs=q, advantages=adv,
+                     config={"clip_low_threshold": 0.0, "clip_high_threshold": cap})
+    assert grad == pytest.approx([-cap * 1.0, math.exp(-2.0) * 1.0], rel=1e-6)
+
+
 def test_dro_quadratic_penalty():
     # loss = -sum(lp*A - beta/2 (lp - q)^2) ; d/dlp = -(A - beta (lp - q))
     lp, q, adv, beta = [-1.0, -3.0], [-1.5, -2.0], [2.0, -1.0], 0.1

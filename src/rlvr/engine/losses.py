@@ -76,7 +76,9 @@ def cispo(
     """CISPO (MiniMax-M1): clip the importance weight, not the update, and stop its gradient.
 
     ``loss = -sum_t sg(clamp(ratio_t, low, high)) * A_t * log p_theta(x_t)``: every token keeps a gradient, scaled by
-    its clipped weight.
+    its clipped weight. With ``clip_low_threshold=0`` and ``clip_high_threshold=C`` this is truncated importance
+    sampling (TIS): REINFORCE with each token's importance weight capped at C, the usual correction when the sampler's
+    numerics differ from the trainer's.
     """
     ratio = torch.exp(target_logprobs - logprobs)
     clipped = torch.clamp(ratio, clip_low_threshold, clip_high_threshold).detach()

@@ -7,8 +7,9 @@ train, log, checkpoint. It drives only the client API, so the same loop runs on 
 A curriculum (``LoopConfig.curriculum``) narrows each step's problems to a difficulty stage. The algorithm objects
 of the TenSafe cookbook live in ``algorithms``, the rollout pages in ``rollouts``.
 
-Not yet here (the RL-loop issue lists them): multi-turn environments (an ``Env`` API), streaming and asynchronous
-off-policy modes, truncated importance weights.
+Truncated importance weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``).
+Not yet here (the RL-loop issue lists them): environments (``envs.py`` has the API and its rollouts; this loop takes
+problem sources), streaming and asynchronous off-policy modes.
 """
 
 from __future__ import annotations
