@@ -39,6 +39,25 @@ def test_server_sequencer_runs_jobs_in_seq_id_order():
     pool.shutdown()
 
 
+def test_server_sequencer_gives_each_gap_its_full_timeout():
+    """A gap that closes in time must not leave its timer to cut a later gap short (seq_ids run out of order)."""
+    pool = ThreadPoolExecutor(4)
+    seq = Sequencer(pool, first_seq=1, gap_timeout_s=0.6)
+
+    def job(n: int):
+        return lambda: done(n)
+
+    _, second = seq.submit(2, "r2", job(2))  # waits for 1: a timer starts
+    time.sleep(0.3)
+    _, first = seq.submit(1, "r1", job(1))  # the gap closes in time
+    assert first.result(timeout=5) == 1 and second.result(timeout=5) == 2
+    started = time.monotonic()
+    _, fourth = seq.submit(4, "r4", job(4))  # a new gap, at 3
+    assert fourth.result(timeout=5) == 4
+    assert time.monotonic() - started >= 0.55  # the first gap's timer would have fired ~0.3 s in
+    pool.shutdown()
+
+
 def test_server_sequencer_waits_for_slow_jobs():
     pool = ThreadPoolExecutor(4)
     seq = Sequencer(pool, first_seq=1)

@@ -108,6 +108,9 @@ class Sequencer:
             job, future = self._waiting.pop(self._next)
             self._next += 1
             self._busy = True
+            if self._gap_timer is not None:  # the gap it waited on is closed; a later gap gets a full timeout
+                self._gap_timer.cancel()
+                self._gap_timer = None
         self._pool.submit(self._run, job, future)
 
     def _run(self, job: Job, future: Future[Any]) -> None:
@@ -136,12 +139,15 @@ class Sequencer:
         if self._gap_timer is not None:
             return
         timer = threading.Timer(self._gap_timeout_s, self._skip_gap)
+        timer.args = (timer,)
         timer.daemon = True
         self._gap_timer = timer
         timer.start()
 
-    def _skip_gap(self) -> None:
+    def _skip_gap(self, timer: threading.Timer) -> None:
         with self._lock:
+            if timer is not self._gap_timer:  # fired as its gap closed: not this gap's timer
+                return
             self._gap_timer = None
             if self._waiting and self._next not in self._waiting and not self._busy:
                 log.warning("seq_id %d never arrived; running seq_id %d next", self._next, min(self._waiting))
