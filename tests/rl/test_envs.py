@@ -1,9 +1,13 @@
 """Envs: multi-turn rollouts on tiny, trajectories as datums (checked by hand and against the trainer), and
 learning through the env API."""
 
+import json
+
 import pytest
+import torch
 
 from rlvr import types
+from rlvr.engine.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError
 from rlvr.rl.advantages import group_advantages
 from rlvr.rl.datums import rl_datum
@@ -11,12 +15,14 @@ from rlvr.rl.envs import (
     Env,
     EnvGroupBuilder,
     ProblemDataset,
+    RLDataset,
     StepResult,
     Trajectory,
     Transition,
     rollout_groups,
     trajectory_datums,
 )
+from rlvr.rl.loop import LoopConfig, train
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -181,3 +187,67 @@ def test_problem_sources_plug_in_as_one_turn_envs(service):
     groups = rollout_groups(tc.save_weights_and_get_sampling_client(), dataset.get_batch(0), PARAMS, seed=0)
     assert [len(g.trajectories) for g in groups] == [3, 3]
     assert all(len(t.transitions) == 1 and t.finished for g in groups for t in g.trajectories)
+
+
+# -- the loop on an env dataset ---------------------------------------------------------------------------------------
+
+class RefineDataset(RLDataset):
+    """Batches of two groups of the two-turn env, prompts by batch index."""
+
+    def __init__(self, tokenizer, batches: int = 50) -> None:
+        self.tokenizer, self.batches = tokenizer, batches
+
+    def __len__(self):
+        return self.batches
+
+    def get_batch(self, index):
+        return [RefineGroup(self.tokenizer, f"Q{index}.{g}:", 4) for g in range(2)]
+
+
+def loop_config(path, **overrides):
+    values = dict(base_model="tiny", rank=8, steps=14, group_size=4, max_tokens=6, max_turns=2, learning_rate=2e-2,
+                  out=str(path / "run"), seed=1)
+    values.update(overrides)
+    return LoopConfig(**values)
+
+
+def loop_metrics(path):
+    return [json.loads(line) for line in (path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_loop_trains_on_an_env_dataset(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    result = train(loop_config(tmp_path), RefineDataset(tokenizer))
+    assert "before" not in result and "after" not in result  # envs bring no held-out split
+    metrics = loop_metrics(tmp_path)
+    rewards = [m["env/all/reward/mean"] for m in metrics]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+    first = metrics[0]
+    assert first["env/all/turns"] == 2 and first["env/all/turn1"] == 1.0 and first["env/all/unfinished"] == 0
+    assert abs(first["optim/kl_sample_train_v1"]) < 1e-3  # merged two-turn datums carry the trainer's logprobs
+    assert first["time/reward"] >= 0 and first["tokens_per_s"] > 0
+    [record, *_] = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "step-000001.jsonl").read_text().split(
+        "\n") if x]
+    assert " again:" in record["response"] and record["advantage"] is not None
+
+
+def test_an_env_run_resumes_like_an_uninterrupted_one(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    straight = train(loop_config(tmp_path / "a", steps=4), RefineDataset(tokenizer))
+    train(loop_config(tmp_path / "b", steps=2, save_every=2), RefineDataset(tokenizer))
+    resumed = train(loop_config(tmp_path / "b", steps=4, resume=True), RefineDataset(tokenizer))
+    a, b = loop_metrics(tmp_path / "a"), loop_metrics(tmp_path / "b")
+    for key in ("env/all/reward/mean", "optim/loss:sum"):
+        assert [m.get(key) for m in a] == pytest.approx([m.get(key) for m in b], rel=1e-6)
+    wa, wb = straight["training_client"].parameters(), resumed["training_client"].parameters()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_what_the_loop_cannot_do_with_envs_is_refused_up_front(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    with pytest.raises(ConfigurationError, match="curriculum"):
+        train(loop_config(tmp_path, curriculum={0: 1}), RefineDataset(tokenizer))
+    with pytest.raises(ConfigurationError, match="no batches"):
+        train(loop_config(tmp_path), RefineDataset(tokenizer, batches=0))
+    with pytest.raises(ConfigurationError, match="max_turns"):
+        loop_config(tmp_path, max_turns=0)

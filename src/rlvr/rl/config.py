@@ -88,6 +88,8 @@ class LoopConfig:
     """Most tokens per answer."""
     temperature: float = 1.0
     """Sampling temperature of rollouts (evaluation is greedy)."""
+    max_turns: int = 8
+    """Most turns per episode when training on environments (an RLDataset); problem sources take one."""
     # Rewards
     reward_timeout: float = 10.0
     """Seconds one reward call may take before it is killed and counted as a timeout."""
@@ -116,7 +118,7 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if isinstance(self.distributed, dict):
             self.distributed = DistributedConfig(**self.distributed)
-        for name in ("steps", "problems_per_step", "rank", "max_tokens", "eval_problems"):
+        for name in ("steps", "problems_per_step", "rank", "max_tokens", "max_turns", "eval_problems"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.num_substeps < 1:

@@ -16,6 +16,7 @@ Envs run in the calling process: an env whose reward runs untrusted code should 
 from __future__ import annotations
 
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,12 +113,15 @@ class RLDataset(ABC):
 
 
 def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
-                   max_turns: int = 8, seed: int | None = None) -> list[TrajectoryGroup]:
+                   max_turns: int = 8, seed: int | None = None, timing: dict[str, float] | None = None
+                   ) -> list[TrajectoryGroup]:
     """Play every env of every builder to the end (or ``max_turns``), one sample per env per turn.
 
     All envs still running take their turn together, so the sampler decodes them as one batch. Each request gets
-    its own seed (drawn from ``seed``), so envs with the same observation still sample independently.
+    its own seed (drawn from ``seed``), so envs with the same observation still sample independently. ``timing``,
+    when given, receives ``"env"``: the seconds spent in the envs' ``step`` (scoring, tools).
     """
+    env_seconds = 0.0
     if max_turns < 1:
         raise ConfigurationError(f"max_turns must be at least 1, got {max_turns}")
     rng = random.Random(seed)
@@ -137,7 +141,9 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
         still = []
         for key, future in zip(running, futures, strict=True):
             sequence = future.result().sequences[0]
+            started = time.perf_counter()
             result = envs[key[0]][key[1]].step(list(sequence.tokens))
+            env_seconds += time.perf_counter() - started
             transitions[key].append(Transition(observations[key], list(sequence.tokens), list(sequence.logprobs),
                                                float(result.reward), dict(result.metrics)))
             if not result.done:
@@ -147,6 +153,8 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
                 observations[key] = list(result.next_observation)
                 still.append(key)
         running = still
+    if timing is not None:
+        timing["env"] = timing.get("env", 0.0) + env_seconds
     unfinished = set(running)
     groups = []
     for b, builder in enumerate(builders):

@@ -1,4 +1,4 @@
-"""The synchronous RLVR loop over a problem source: sample a group per problem, score, centre, train, log, save.
+"""The synchronous RLVR loop over a problem source or an env dataset: roll out groups, score, centre, train, log, save.
 
 Setup, then one ``for step`` whose body is a series of paragraphs, each a phase: refresh and check the sampler,
 roll out, score (in killable workers: a reward that hangs or raises is counted, not scored 0), advantages, datums,
@@ -7,17 +7,19 @@ train, log, checkpoint. It drives only the client API, so the same loop runs on 
 A curriculum (``LoopConfig.curriculum``) narrows each step's problems to a difficulty stage. The algorithm objects
 of the TenSafe cookbook live in ``algorithms``, the rollout pages in ``rollouts``.
 
-Truncated importance weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``).
-Not yet here (the RL-loop issue lists them): environments (``envs.py`` has the API and its rollouts; this loop takes
-problem sources), streaming and asynchronous off-policy modes.
+With an env dataset (``envs.RLDataset``) each group is played turn by turn and the envs score themselves; held-out
+evaluation and the curriculum belong to problem sources. Truncated importance weights are ``loss_fn="cispo"`` with
+``clip_low_threshold=0`` (see ``losses.cispo``). Not yet here (the RL-loop issue lists them): streaming and
+asynchronous off-policy modes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,8 @@ from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
 from rlvr.rl.config import DistributedConfig, LoopConfig, save_config
-from rlvr.rl.datums import apply_kl_penalty, rl_datum, sample_train_metrics
+from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
+from rlvr.rl.envs import RLDataset, Trajectory, Transition, rollout_groups, trajectory_datums
 from rlvr.rl.plot import plot_run
 from rlvr.rl.rollouts import RolloutLog
 from rlvr.rl.tracking import open_trackers
@@ -76,8 +79,12 @@ def evaluate(sampling_client: Any, tokenizer: Any, source: ProblemSource, proble
     return {**scores.metrics("test/reward"), "test/correct": sum(v >= 1.0 for v in values) / max(len(values), 1)}
 
 
-def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> dict[str, Any]:
-    """Run the loop; returns the final evaluation and the training client."""
+def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any = None) -> dict[str, Any]:
+    """Run the loop on a problem source or an env dataset; returns the before/after evaluations (problem sources
+    only) and the training client."""
+    envs = isinstance(source, RLDataset)
+    if envs:
+        _check_env_dataset(config, source)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     service, runner = _backend(config, source)
@@ -102,18 +109,21 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
                                                                seed=config.seed)
     save_config(dataclasses.replace(config, resume=False), run_dir / "config.yaml")  # the settings now in force
     tokenizer = training_client.get_tokenizer()
-    train_problems = source.problems("train", shuffle=True, seed=config.seed)
-    test_problems = source.problems(_test_split(source), limit=config.eval_problems)
     adam = types.AdamParams(learning_rate=config.learning_rate)
-    for stage in config.curriculum:  # an empty stage is a config error now, not at its step
-        curriculum_problems(train_problems, config.curriculum, stage)
-    probe = source.render_ids(train_problems[0], tokenizer)[:16]
+    if envs:
+        probe = list(source.get_batch(0)[0].make_envs()[0].initial_observation())[:16]
+    else:
+        train_problems = source.problems("train", shuffle=True, seed=config.seed)
+        test_problems = source.problems(_test_split(source), limit=config.eval_problems)
+        for stage in config.curriculum:  # an empty stage is a config error now, not at its step
+            curriculum_problems(train_problems, config.curriculum, stage)
+        probe = source.render_ids(train_problems[0], tokenizer)[:16]
     reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
                  if config.kl_penalty_coef > 0 else None)
     results: dict[str, Any] = {}
 
-    with runner, open_trackers(config.trackers, run_dir, asdict(config)) as tracker:
-        if start_step == 0:
+    with runner or contextlib.nullcontext(), open_trackers(config.trackers, run_dir, asdict(config)) as tracker:
+        if start_step == 0 and not envs:
             sampler = training_client.save_weights_and_get_sampling_client()
             results["before"] = evaluate(sampler, tokenizer, source, test_problems, runner, config.max_tokens)
         for step in range(start_step, config.steps):
@@ -125,57 +135,47 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
             metrics["sampler/max_logprob_gap"] = check_sampler_fresh(training_client, sampler, probe,
                                                                      config.sampler_tolerance)
 
-            # Roll out: group_size answers per problem (of the curriculum's stage), all requests in flight together.
-            pool = curriculum_problems(train_problems, config.curriculum, step)
-            first = step * config.problems_per_step
-            problems = [pool[(first + i) % len(pool)] for i in range(config.problems_per_step)]
-            if config.curriculum:
-                metrics["curriculum/max_difficulty"] = max(p.difficulty for p in pool)
-            prompts = [source.render_ids(p, tokenizer) for p in problems]
+            # Roll out and score: group_size answers per problem (of the curriculum's stage), scored in killable
+            # workers (a failure is counted, never scored 0); or every env of the step's groups, turn by turn.
             params = types.SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature,
                                           seed=rng.randrange(2**31))
-            futures = [sampler.sample(types.ModelInput.from_ints(p), config.group_size, params) for p in prompts]
-            groups = [f.result().sequences for f in futures]
-            metrics["time/sample"] = time.time() - t_start
-
-            # Score every answer in killable workers; failures are counted, never scored 0.
-            t_reward = time.time()
-            items = [RewardItem(p.question, tokenizer.decode(s.tokens, skip_special_tokens=True), p.reward_meta())
-                     for p, seqs in zip(problems, groups, strict=True) for s in seqs]
-            scores = runner.score(items)
-            metrics.update(scores.metrics("env/all/reward"))
-            scored = [v for v in scores.scores if v is not None]
-            for part in ("correct", "format"):  # the parts of format_correct, or: solved = full reward
-                values = [v for v in scores.parts.get(part, []) if v is not None]
-                if values:
-                    metrics[f"env/all/{part}"] = sum(values) / len(values)
-            metrics.setdefault("env/all/correct", sum(v >= 1.0 for v in scored) / max(len(scored), 1))
-            metrics["time/reward"] = time.time() - t_reward
+            if envs:
+                rollout = _env_rollout(source.get_batch(step % len(source)), sampler, params, config, tokenizer,
+                                       t_start)
+            else:
+                pool = curriculum_problems(train_problems, config.curriculum, step)
+                first = step * config.problems_per_step
+                problems = [pool[(first + i) % len(pool)] for i in range(config.problems_per_step)]
+                if config.curriculum:
+                    metrics["curriculum/max_difficulty"] = max(p.difficulty for p in pool)
+                rollout = _problem_rollout(source, problems, sampler, params, runner, config, tokenizer, t_start)
+            metrics.update(rollout.metrics)
 
             # Advantages within each group; groups with equal (or failed) rewards carry no signal.
-            datums, masks, rewards_by_group = [], [], []
-            for g, (prompt, seqs) in enumerate(zip(prompts, groups, strict=True)):
-                rewards_G = scores.scores[g * config.group_size:(g + 1) * config.group_size]
+            datums, masks, rewards_by_group, advantages = [], [], [], []
+            for trajectories, rewards_G in zip(rollout.trajectories, rollout.rewards, strict=True):
                 if any(r is None for r in rewards_G):
+                    advantages += [None] * len(rewards_G)
                     continue
                 rewards_by_group.append(rewards_G)
+                advantages_G = group_advantages(rewards_G, config.normalize_advantages)
+                advantages += advantages_G
                 if is_constant(rewards_G):
                     continue
-                for seq, advantage in zip(seqs, group_advantages(rewards_G, config.normalize_advantages),
-                                          strict=True):
-                    datum, mask = rl_datum(prompt, seq.tokens, seq.logprobs, advantage)
-                    datums.append(datum)
-                    masks.append(mask)
+                for trajectory, advantage in zip(trajectories, advantages_G, strict=True):
+                    for datum, mask in trajectory_datums(trajectory, advantage):
+                        datums.append(datum)
+                        masks.append(mask)
             metrics.update(group_outcomes(rewards_by_group))
             if rollout_log is not None:  # every answer with its reward and advantage, as JSONL and an HTML page
-                rollout_log.write(step, _rollout_records(problems, prompts, items, scores, config, tokenizer))
+                rollout_log.write(step, [{**r, "advantage": a} for r, a in zip(rollout.records, advantages,
+                                                                               strict=True)])
             if reference is not None and datums:  # KL penalty: base-model logprobs of the same tokens
                 futures = [reference.compute_logprobs(types.ModelInput.from_ints(
                     d.model_input.to_ints() + d.loss_fn_inputs["target_tokens"].tolist()[-1:])) for d in datums]
                 base = [f.result()[1:] for f in futures]
                 datums, kl_metrics = apply_kl_penalty(datums, masks, base, config.kl_penalty_coef)
                 metrics.update(kl_metrics)
-            metrics["env/all/ac_tokens_per_turn"] = sum(len(s.tokens) for seqs in groups for s in seqs) / len(items)
 
             # Train: num_substeps minibatches, each a forward_backward and an optim_step.
             t_train = time.time()
@@ -198,11 +198,11 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
             metrics["time/train"] = time.time() - t_train
 
             # Log, evaluate, checkpoint.
-            if config.eval_every and (step + 1) % config.eval_every == 0:
+            if config.eval_every and not envs and (step + 1) % config.eval_every == 0:
                 metrics.update(evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
                                         test_problems, runner, config.max_tokens))
             metrics["time/total"] = time.time() - t_start
-            metrics["tokens_per_s"] = metrics["env/all/ac_tokens_per_turn"] * len(items) / metrics["time/total"]
+            metrics["tokens_per_s"] = rollout.sampled_tokens / metrics["time/total"]
             if hasattr(service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
                 metrics.update(service.distributed_metrics())
             tracker.log(metrics, step)
@@ -212,36 +212,119 @@ def train(config: LoopConfig, source: ProblemSource, progress: Any = None) -> di
             if progress is not None:
                 progress(step, metrics)
 
-        results["after"] = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
-                                    test_problems, runner, config.max_tokens)
+        if not envs:
+            results["after"] = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
+                                        test_problems, runner, config.max_tokens)
     lines = {f"{when} accuracy": results[when]["test/correct"] for when in ("before", "after") if when in results}
     results["plot"] = plot_run(run_dir, extra=lines)
     results["training_client"] = training_client
     return results
 
 
-def _rollout_records(problems: list[Problem], prompts: list[list[int]], items: list[RewardItem], scores: Any,
-                     config: LoopConfig, tokenizer: Any) -> list[dict[str, Any]]:
-    """One record per answer: problem, prompt, response, reward (None: failed), advantage, reward parts, failure."""
+@dataclass
+class _Rollout:
+    """One step's rollouts, scored: what the rest of the step trains on and logs."""
+
+    trajectories: list[list[Trajectory]]
+    """Per group, its trajectories."""
+    rewards: list[list[float | None]]
+    """Per group, each trajectory's reward (None: scoring failed, and the group is not trained on)."""
+    records: list[dict[str, Any]]
+    """Rollout-log records, one per trajectory in group order, without their advantage."""
+    sampled_tokens: int
+    """Tokens sampled in all."""
+    metrics: dict[str, float]
+    """``env/all/...`` and ``time/sample|reward``."""
+
+
+def _problem_rollout(source: ProblemSource, problems: list[Problem], sampler: Any, params: types.SamplingParams,
+                     runner: RewardRunner, config: LoopConfig, tokenizer: Any, t_start: float) -> _Rollout:
+    """``group_size`` answers per problem, all requests in flight together, scored in killable workers."""
+    prompts = [source.render_ids(p, tokenizer) for p in problems]
+    futures = [sampler.sample(types.ModelInput.from_ints(p), config.group_size, params) for p in prompts]
+    groups = [f.result().sequences for f in futures]
+    metrics = {"time/sample": time.time() - t_start}  # the sampler refresh and check included
+
+    t_reward = time.time()
+    items = [RewardItem(p.question, tokenizer.decode(s.tokens, skip_special_tokens=True), p.reward_meta())
+             for p, seqs in zip(problems, groups, strict=True) for s in seqs]
+    scores = runner.score(items)
+    metrics.update(scores.metrics("env/all/reward"))
+    scored = [v for v in scores.scores if v is not None]
+    for part in ("correct", "format"):  # the parts of format_correct, or: solved = full reward
+        values = [v for v in scores.parts.get(part, []) if v is not None]
+        if values:
+            metrics[f"env/all/{part}"] = sum(values) / len(values)
+    metrics.setdefault("env/all/correct", sum(v >= 1.0 for v in scored) / max(len(scored), 1))
+    metrics["time/reward"] = time.time() - t_reward
+    sampled = sum(len(s.tokens) for seqs in groups for s in seqs)
+    metrics["env/all/ac_tokens_per_turn"] = sampled / len(items)
+
     G = config.group_size
+    trajectories = [[Trajectory([Transition(prompt, list(s.tokens), list(s.logprobs), scores.scores[g * G + i] or 0.0)])
+                     for i, s in enumerate(seqs)] for g, (prompt, seqs) in enumerate(zip(prompts, groups, strict=True))]
     failures: dict[int, list[str]] = {}
     for failure in scores.failures:
         failures.setdefault(failure.index, []).append(f"{failure.reward} {failure.kind}: {failure.message}")
-    advantages: list[float | None] = []
-    for g in range(len(problems)):
-        rewards_G = scores.scores[g * G:(g + 1) * G]
-        advantages += ([None] * G if any(r is None for r in rewards_G)
-                       else group_advantages(rewards_G, config.normalize_advantages))
     prompt_texts = [tokenizer.decode(p) for p in prompts]
-    return [{"problem_id": problems[i // G].id, "prompt": prompt_texts[i // G], "response": item.response,
-             "reward": scores.scores[i], "advantage": advantages[i],
-             "parts": {name: values[i] for name, values in scores.parts.items()},
-             "failure": "; ".join(failures[i]) if i in failures else None}
-            for i, item in enumerate(items)]
+    records = [{"problem_id": problems[i // G].id, "prompt": prompt_texts[i // G], "response": item.response,
+                "reward": scores.scores[i], "parts": {name: values[i] for name, values in scores.parts.items()},
+                "failure": "; ".join(failures[i]) if i in failures else None}
+               for i, item in enumerate(items)]
+    rewards = [scores.scores[g * G:(g + 1) * G] for g in range(len(problems))]
+    return _Rollout(trajectories, rewards, records, sampled, metrics)
 
 
-def _backend(config: LoopConfig, source: ProblemSource) -> tuple[Any, Any]:
-    """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors."""
+def _env_rollout(builders: Any, sampler: Any, params: types.SamplingParams, config: LoopConfig, tokenizer: Any,
+                 t_start: float) -> _Rollout:
+    """Every env of the step's groups played to the end (or ``max_turns``); rewards are the envs' own."""
+    timing: dict[str, float] = {}
+    groups = rollout_groups(sampler, builders, params, max_turns=config.max_turns, seed=params.seed, timing=timing)
+    elapsed = time.time() - t_start
+    trajectories = [g.trajectories for g in groups]
+    rewards: list[list[float | None]] = [list(g.total_rewards()) for g in groups]
+    flat = [r for rewards_G in rewards for r in rewards_G]
+    turns = [t for group in trajectories for trajectory in group for t in trajectory.transitions]
+    sampled = sum(len(t.action) for t in turns)
+    metrics = {"time/sample": elapsed - timing["env"], "time/reward": timing["env"],
+               "env/all/reward/mean": sum(flat) / len(flat), "env/all/correct": sum(r >= 1.0 for r in flat) / len(flat),
+               "env/all/turns": len(turns) / len(flat), "env/all/ac_tokens_per_turn": sampled / len(turns),
+               "env/all/unfinished": sum(not t.finished for g in trajectories for t in g) / len(flat)}
+    for key in sorted({k for t in turns for k in t.metrics}):  # the envs' own numbers, averaged over turns
+        values = [t.metrics[key] for t in turns if key in t.metrics]
+        metrics[f"env/all/{key}"] = sum(values) / len(values)
+    records = [{"problem_id": f"{type(builder).__name__}[{b}]", "response": _conversation(t, tokenizer),
+                "prompt": tokenizer.decode(t.transitions[0].observation), "reward": r, "parts": {},
+                "failure": None if t.finished else f"cut at max_turns={config.max_turns}"}
+               for b, (builder, group) in enumerate(zip(builders, groups, strict=True))
+               for t, r in zip(group.trajectories, group.total_rewards(), strict=True)]
+    return _Rollout(trajectories, rewards, records, sampled, metrics)
+
+
+def _conversation(trajectory: Trajectory, tokenizer: Any) -> str:
+    """What followed the first observation: the actions and the env's replies, as text."""
+    first, last = trajectory.transitions[0], trajectory.transitions[-1]
+    full = last.observation + last.action
+    if full[:len(first.observation)] == first.observation:
+        return tokenizer.decode(full[len(first.observation):])
+    return "\n---\n".join(tokenizer.decode(t.action) for t in trajectory.transitions)
+
+
+def _check_env_dataset(config: LoopConfig, dataset: RLDataset) -> None:
+    """What the loop cannot do with envs, refused before any work."""
+    if len(dataset) < 1:
+        raise ConfigurationError(f"{type(dataset).__name__} has no batches; an env dataset needs at least one")
+    if config.curriculum:
+        raise ConfigurationError("curriculum applies to problem sources; an env dataset orders its own batches")
+    if config.distributed.backend != "local":
+        raise ConfigurationError("distributed.backend='ray' takes problem sources; envs run in this process")
+
+
+def _backend(config: LoopConfig, source: ProblemSource | RLDataset) -> tuple[Any, Any]:
+    """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (envs score
+    themselves: no runner)."""
+    if isinstance(source, RLDataset):
+        return rlvr.ServiceClient(), None
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
