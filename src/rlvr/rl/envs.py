@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,15 +229,17 @@ class ProblemGroupBuilder(EnvGroupBuilder):
 
 
 class ProblemDataset(RLDataset):
-    """A split of a problem source in batches of ``problems_per_batch`` groups (shuffled once with ``seed``)."""
+    """A split of a problem source in batches of ``problems_per_batch`` groups (shuffled once with ``seed``); each
+    problem becomes ``make_group(problem)``, by default ``group_size`` one-turn envs."""
 
     def __init__(self, source: ProblemSource, tokenizer: Any, problems_per_batch: int, group_size: int,
-                 split: str = "train", seed: int = 0) -> None:
-        self.problems = source.problems(split, shuffle=True, seed=seed)
+                 split: str = "train", seed: int = 0,
+                 make_group: Callable[[Problem], EnvGroupBuilder] | None = None) -> None:
         if problems_per_batch < 1 or group_size < 1:
             raise ConfigurationError("problems_per_batch and group_size must be at least 1")
-        self.source, self.tokenizer = source, tokenizer
-        self.problems_per_batch, self.group_size = problems_per_batch, group_size
+        self.problems = source.problems(split, shuffle=True, seed=seed)
+        self.problems_per_batch = problems_per_batch
+        self.make_group = make_group or (lambda p: ProblemGroupBuilder(source, p, tokenizer, group_size))
 
     def __len__(self) -> int:
         return len(self.problems) // self.problems_per_batch
@@ -246,4 +248,4 @@ class ProblemDataset(RLDataset):
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} of a dataset with {len(self)} batches")
         chunk = self.problems[index * self.problems_per_batch:(index + 1) * self.problems_per_batch]
-        return [ProblemGroupBuilder(self.source, p, self.tokenizer, self.group_size) for p in chunk]
+        return [self.make_group(p) for p in chunk]

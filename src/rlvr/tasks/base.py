@@ -170,7 +170,10 @@ class ProblemSource(ABC):
         """The prompt text for ``problem`` through ``tokenizer``'s chat template, ending where the assistant's
         answer begins. A tokenizer without a chat template gets plain ``User:``/``Assistant:`` turns (with a
         warning): set ``tokenizer.chat_template`` for base models you mean to prompt in a chat format."""
-        messages = self.messages(problem)
+        return self.render_messages(self.messages(problem), tokenizer)
+
+    def render_messages(self, messages: list[dict[str, str]], tokenizer: Any) -> str:
+        """Any conversation as :meth:`render` renders a problem's (multi-turn envs continue one with it)."""
         if getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         global _warned_plain
