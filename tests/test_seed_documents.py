@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import rlvr
 from rlvr import types
@@ -52,8 +53,15 @@ def test_quick_reference_card_datum_and_ppo_update(service):
         })
         for d in scope["datums"]
     ]
+    before = training_client.parameters()
     exec(update, scope)
-    assert scope["fwd_bwd"].result().metrics["loss:sum"] != 0
+    # On-policy, every ratio is 1 (to float rounding), so PPO's loss is -sum_i len_i * A_i: checked by hand, and a
+    # value the card's blocks only reach with the right alignment. (It can be 0 when the lengths are equal.)
+    expected = -sum(len(seq.tokens) * a for seq, a in zip(result.sequences, advantages, strict=True))
+    assert scope["fwd_bwd"].result().metrics["loss:sum"] == pytest.approx(expected, abs=1e-3)
+    scope["optim"].result()
+    after = training_client.parameters()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # the card's optim_step moved the weights
 
 
 def test_card_datum_without_padding_is_refused_clearly(service):
