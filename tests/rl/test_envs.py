@@ -187,6 +187,9 @@ def test_problem_sources_plug_in_as_one_turn_envs(service):
     groups = rollout_groups(tc.save_weights_and_get_sampling_client(), dataset.get_batch(0), PARAMS, seed=0)
     assert [len(g.trajectories) for g in groups] == [3, 3]
     assert all(len(t.transitions) == 1 and t.finished for g in groups for t in g.trajectories)
+    assert dataset.test_groups() == []  # no test_split: nothing held out
+    held_out = ProblemDataset(Echo(), tc.get_tokenizer(), 2, 3, test_split="test", test_problems=4).test_groups()
+    assert [len(b.make_envs()) for b in held_out] == [1, 1, 1, 1]
 
 
 # -- the loop on an env dataset ---------------------------------------------------------------------------------------
@@ -241,6 +244,19 @@ def test_an_env_run_resumes_like_an_uninterrupted_one(tmp_path):
         assert [m.get(key) for m in a] == pytest.approx([m.get(key) for m in b], rel=1e-6)
     wa, wb = straight["training_client"].parameters(), resumed["training_client"].parameters()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+class HeldOutRefine(RefineDataset):
+    def test_groups(self):
+        return [RefineGroup(self.tokenizer, f"T{i}:", 1) for i in range(3)]
+
+
+def test_an_env_dataset_with_held_out_groups_is_evaluated(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    result = train(loop_config(tmp_path, steps=2, eval_every=1), HeldOutRefine(tokenizer))
+    assert result["before"].keys() == result["after"].keys() == {"test/reward/mean", "test/correct", "test/turns"}
+    assert result["before"]["test/turns"] == 2  # greedy episodes of the two-turn env
+    assert all("test/reward/mean" in m for m in loop_metrics(tmp_path))  # eval_every=1: every step
 
 
 def test_what_the_loop_cannot_do_with_envs_is_refused_up_front(tmp_path):

@@ -111,6 +111,22 @@ class RLDataset(ABC):
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
         """Batch ``index`` (0 <= index < len(self))."""
 
+    def test_groups(self) -> Sequence[EnvGroupBuilder]:
+        """Held-out groups the loop plays greedily before and after training (and every ``eval_every`` steps);
+        none by default."""
+        return []
+
+
+def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max_tokens: int,
+                  max_turns: int) -> dict[str, float]:
+    """Greedy episodes of ``builders``: ``test/reward/mean``, ``test/correct`` (episode reward >= 1), ``test/turns``."""
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    groups = rollout_groups(sampling_client, builders, params, max_turns=max_turns, seed=0)
+    rewards = [r for g in groups for r in g.total_rewards()]
+    turns = [len(t.transitions) for g in groups for t in g.trajectories]
+    return {"test/reward/mean": sum(rewards) / len(rewards), "test/turns": sum(turns) / len(turns),
+            "test/correct": sum(r >= 1.0 for r in rewards) / len(rewards)}
+
 
 def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                    max_turns: int = 8, seed: int | None = None, timing: dict[str, float] | None = None
@@ -230,16 +246,19 @@ class ProblemGroupBuilder(EnvGroupBuilder):
 
 class ProblemDataset(RLDataset):
     """A split of a problem source in batches of ``problems_per_batch`` groups (shuffled once with ``seed``); each
-    problem becomes ``make_group(problem)``, by default ``group_size`` one-turn envs."""
+    problem becomes ``make_group(problem, group_size)``, by default ``group_size`` one-turn envs. With ``test_split``,
+    its first ``test_problems`` problems are the held-out groups, one env each."""
 
     def __init__(self, source: ProblemSource, tokenizer: Any, problems_per_batch: int, group_size: int,
                  split: str = "train", seed: int = 0,
-                 make_group: Callable[[Problem], EnvGroupBuilder] | None = None) -> None:
+                 make_group: Callable[[Problem, int], EnvGroupBuilder] | None = None,
+                 test_split: str | None = None, test_problems: int = 32) -> None:
         if problems_per_batch < 1 or group_size < 1:
             raise ConfigurationError("problems_per_batch and group_size must be at least 1")
         self.problems = source.problems(split, shuffle=True, seed=seed)
-        self.problems_per_batch = problems_per_batch
-        self.make_group = make_group or (lambda p: ProblemGroupBuilder(source, p, tokenizer, group_size))
+        self.held_out = [] if test_split is None else source.problems(test_split, limit=test_problems)
+        self.problems_per_batch, self.group_size = problems_per_batch, group_size
+        self.make_group = make_group or (lambda p, n: ProblemGroupBuilder(source, p, tokenizer, n))
 
     def __len__(self) -> int:
         return len(self.problems) // self.problems_per_batch
@@ -248,4 +267,7 @@ class ProblemDataset(RLDataset):
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} of a dataset with {len(self)} batches")
         chunk = self.problems[index * self.problems_per_batch:(index + 1) * self.problems_per_batch]
-        return [self.make_group(p) for p in chunk]
+        return [self.make_group(p, self.group_size) for p in chunk]
+
+    def test_groups(self) -> list[EnvGroupBuilder]:
+        return [self.make_group(p, 1) for p in self.held_out]  # greedy: one episode per problem says it all

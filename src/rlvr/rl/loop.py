@@ -7,10 +7,10 @@ train, log, checkpoint. It drives only the client API, so the same loop runs on 
 A curriculum (``LoopConfig.curriculum``) narrows each step's problems to a difficulty stage. The algorithm objects
 of the TenSafe cookbook live in ``algorithms``, the rollout pages in ``rollouts``.
 
-With an env dataset (``envs.RLDataset``) each group is played turn by turn and the envs score themselves; held-out
-evaluation and the curriculum belong to problem sources. Truncated importance weights are ``loss_fn="cispo"`` with
-``clip_low_threshold=0`` (see ``losses.cispo``). Not yet here (the RL-loop issue lists them): streaming and
-asynchronous off-policy modes.
+With an env dataset (``envs.RLDataset``) each group is played turn by turn and the envs score themselves; its
+``test_groups`` are the held-out evaluation, and the curriculum belongs to problem sources. Truncated importance
+weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``). Not yet here (the RL-loop
+issue lists them): streaming and asynchronous off-policy modes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
 from rlvr.rl.config import DistributedConfig, LoopConfig, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
-from rlvr.rl.envs import RLDataset, Trajectory, Transition, rollout_groups, trajectory_datums
+from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, rollout_groups, trajectory_datums
 from rlvr.rl.plot import plot_run
 from rlvr.rl.rollouts import RolloutLog
 from rlvr.rl.tracking import open_trackers
@@ -112,6 +112,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
     adam = types.AdamParams(learning_rate=config.learning_rate)
     if envs:
         probe = list(source.get_batch(0)[0].make_envs()[0].initial_observation())[:16]
+        test_groups = list(source.test_groups())
     else:
         train_problems = source.problems("train", shuffle=True, seed=config.seed)
         test_problems = source.problems(_test_split(source), limit=config.eval_problems)
@@ -122,10 +123,15 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
                  if config.kl_penalty_coef > 0 else None)
     results: dict[str, Any] = {}
 
+    def held_out(sampler: Any) -> dict[str, float]:
+        """Greedy evaluation on the test problems, or the env dataset's held-out groups (none: no evaluation)."""
+        if envs:
+            return evaluate_envs(sampler, test_groups, config.max_tokens, config.max_turns) if test_groups else {}
+        return evaluate(sampler, tokenizer, source, test_problems, runner, config.max_tokens)
+
     with runner or contextlib.nullcontext(), open_trackers(config.trackers, run_dir, asdict(config)) as tracker:
-        if start_step == 0 and not envs:
-            sampler = training_client.save_weights_and_get_sampling_client()
-            results["before"] = evaluate(sampler, tokenizer, source, test_problems, runner, config.max_tokens)
+        if start_step == 0 and (before := held_out(training_client.save_weights_and_get_sampling_client())):
+            results["before"] = before
         for step in range(start_step, config.steps):
             t_start = time.time()
             metrics: dict[str, float] = {}
@@ -198,9 +204,8 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
             metrics["time/train"] = time.time() - t_train
 
             # Log, evaluate, checkpoint.
-            if config.eval_every and not envs and (step + 1) % config.eval_every == 0:
-                metrics.update(evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
-                                        test_problems, runner, config.max_tokens))
+            if config.eval_every and (step + 1) % config.eval_every == 0:
+                metrics.update(held_out(training_client.save_weights_and_get_sampling_client()))
             metrics["time/total"] = time.time() - t_start
             metrics["tokens_per_s"] = rollout.sampled_tokens / metrics["time/total"]
             if hasattr(service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
@@ -212,9 +217,8 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
             if progress is not None:
                 progress(step, metrics)
 
-        if not envs:
-            results["after"] = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, source,
-                                        test_problems, runner, config.max_tokens)
+        if after := held_out(training_client.save_weights_and_get_sampling_client()):
+            results["after"] = after
     lines = {f"{when} accuracy": results[when]["test/correct"] for when in ("before", "after") if when in results}
     results["plot"] = plot_run(run_dir, extra=lines)
     results["training_client"] = training_client

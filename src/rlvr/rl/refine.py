@@ -95,7 +95,10 @@ class CodeRefineGroupBuilder(EnvGroupBuilder):
 
 
 def code_refine_dataset(source: ProblemSource, tokenizer: Any, problems_per_batch: int, group_size: int,
-                        max_attempts: int = 2, split: str = "train", seed: int = 0) -> ProblemDataset:
-    """A code source's split as refinement groups, ``problems_per_batch`` per batch (shuffled once with ``seed``)."""
+                        max_attempts: int = 2, split: str = "train", seed: int = 0, test_split: str | None = None,
+                        test_problems: int = 32) -> ProblemDataset:
+    """A code source's split as refinement groups, ``problems_per_batch`` per batch (shuffled once with ``seed``);
+    ``test_split`` adds held-out episodes for the loop's evaluation."""
     return ProblemDataset(source, tokenizer, problems_per_batch, group_size, split, seed,
-                          make_group=lambda p: CodeRefineGroupBuilder(source, p, tokenizer, group_size, max_attempts))
+                          make_group=lambda p, n: CodeRefineGroupBuilder(source, p, tokenizer, n, max_attempts),
+                          test_split=test_split, test_problems=test_problems)
