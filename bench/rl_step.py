@@ -9,7 +9,7 @@ same held-out problems with ``generate`` (greedy), scored by the same reward. ``
 of up to 3 steps under cProfile (the engine thread and the loop thread separately) and prints where its step time
 goes; the TRL side's split (generate, rewards, the rest) is in every run's figures.
 
-    python bench/rl_step.py [--steps 8] [--repeats 1] [--eval-problems 64] [--profile] [--json PATH]
+    python bench/rl_step.py [--steps 8] [--repeats 1] [--seed 0] [--eval-problems 64] [--profile] [--json PATH]
 
 Matched exactly:
   - model: SmolLM2-135M-Instruct, float32, from ``ensure_smollm2()``: TRL loads the same folder with transformers
@@ -489,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=1, help="rlvr/TRL run pairs, alternating (default 1)")
     parser.add_argument("--eval-problems", type=positive_int, default=64, help="held-out problems (default 64)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per completion (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="problem order, LoRA init and sampling seed (default 0); "
+                        "accuracy after a few steps varies with it, so compare over several")
     parser.add_argument("--profile", action="store_true",
                         help=f"add a cProfiled rlvr run (up to {PROFILE_STEPS} steps) and print where its time goes")
     parser.add_argument("--keep", metavar="DIR", help="keep the runs' logs and adapters in DIR")
@@ -509,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: TRL is not installed; install the benchmark extra: pip install -e '.[bench]'", file=sys.stderr)
         return 2
 
-    settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens)
+    settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens, seed=args.seed)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlvr-bench-rl-step-"))
     load = {"before": load_average()}
     print(f"{settings.steps} steps x {settings.problems_per_step} prompts x {settings.group_size} completions, "
