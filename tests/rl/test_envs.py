@@ -8,7 +8,7 @@ import torch
 
 from rlvr import types
 from rlvr.engine.tiny import build_tiny_tokenizer
-from rlvr.errors import ConfigurationError
+from rlvr.errors import ConfigurationError, RewardError
 from rlvr.rl.advantages import group_advantages
 from rlvr.rl.datums import rl_datum
 from rlvr.rl.envs import (
@@ -159,6 +159,17 @@ def test_turn_limit_and_bad_envs_are_reported(service):
 
     with pytest.raises(ConfigurationError, match="empty next_observation"):
         rollout_groups(sampler, [SilentGroup(tokenizer, "Q:", 1)], PARAMS)
+
+    class Broken(Refine):
+        def step(self, action):
+            raise KeyError("tests")
+
+    class BrokenGroup(RefineGroup):
+        def make_envs(self):
+            return [Broken(self.tokenizer, self.prompt)]
+
+    with pytest.raises(RewardError, match=r"Broken.step raised at turn 1 of env 0 in group 0: KeyError"):
+        rollout_groups(sampler, [BrokenGroup(tokenizer, "Q:", 1)], PARAMS)
 
     class Lopsided(RefineGroup):
         def group_rewards(self, trajectories):

@@ -10,7 +10,8 @@ each observation extends the previous observation and action (a growing conversa
 datum, its actions trained and its observations masked; otherwise each break starts a new datum.
 
 Envs run in the calling process: an env whose reward runs untrusted code should score through the sandbox
-(``rlvr.sandbox``) as the code rewards do. Not here: the synchronous loop over problem sources (``loop.py``).
+(``rlvr.sandbox``) as the code rewards do. An env whose ``step`` raises stops the rollout with a ``RewardError``
+naming the env, the group and the turn. Not here: the synchronous loop over problem sources (``loop.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr import types
-from rlvr.errors import ConfigurationError
+from rlvr.errors import ConfigurationError, RewardError
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -158,7 +159,14 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
         for key, future in zip(running, futures, strict=True):
             sequence = future.result().sequences[0]
             started = time.perf_counter()
-            result = envs[key[0]][key[1]].step(list(sequence.tokens))
+            env = envs[key[0]][key[1]]
+            try:
+                result = env.step(list(sequence.tokens))
+            except Exception as exc:
+                raise RewardError(f"{type(env).__name__}.step raised at turn {len(transitions[key]) + 1} of env "
+                                  f"{key[1]} in group {key[0]}: {type(exc).__name__}: {exc}") from exc
+            if not isinstance(result, StepResult):
+                raise RewardError(f"{type(env).__name__}.step returned {type(result).__name__}, not a StepResult")
             env_seconds += time.perf_counter() - started
             transitions[key].append(Transition(observations[key], list(sequence.tokens), list(sequence.logprobs),
                                                float(result.reward), dict(result.metrics)))
