@@ -138,10 +138,14 @@ class CodeTests(Reward):
             return self.partial_scale * result.num_passed / result.num_tests
         return float(self.fail_reward)
 
-    def __call__(self, prompt: str, response: str, meta: Mapping[str, Any] | None = None) -> float:
+    def run(self, response: str, meta: Mapping[str, Any] | None = None) -> SandboxResult:
+        """Run one response against its tests in the sandbox: the whole result (which tests passed, the stderr
+        tail), for callers that need more than the reward, such as the refinement env."""
         job = self.job(response, meta)  # bad meta raises here, before any sandbox starts
-        result = self._backend().run_many([job])[0]
-        return self.value(result)
+        return self._backend().run_many([job])[0]
+
+    def __call__(self, prompt: str, response: str, meta: Mapping[str, Any] | None = None) -> float:
+        return self.value(self.run(response, meta))
 
     def score_many(self, items: Sequence[RewardItem]) -> list[float | BaseException]:
         """All items' programs in one ``run_many`` over the sandbox pool; per-item failures as exceptions."""

@@ -14,6 +14,24 @@ from collections.abc import Sequence
 from rlvr import types
 
 
+def masked_datum(
+    tokens: Sequence[int], logprobs: Sequence[float], sampled: Sequence[float], advantage: float
+) -> tuple[types.Datum, list[float]]:
+    """The datum over a whole sequence ``tokens`` whose ``sampled[i] == 1.0`` marks the tokens the policy sampled
+    (trained with ``advantage`` and their sampler ``logprobs``); the others get advantage 0 and logprob 0. Returns it
+    with its mask over target positions (1.0 = a sampled token)."""
+    mask = list(sampled[1:])
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(list(tokens[:-1])),
+        loss_fn_inputs={
+            "target_tokens": list(tokens[1:]),
+            "logprobs": [lp if m else 0.0 for lp, m in zip(logprobs[1:], mask, strict=True)],
+            "advantages": [advantage if m else 0.0 for m in mask],
+        },
+    )
+    return datum, mask
+
+
 def rl_datum(
     prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float], advantage: float
 ) -> tuple[types.Datum, list[float]]:
@@ -22,18 +40,9 @@ def rl_datum(
         raise ValueError(f"{len(completion_tokens)} completion tokens but {len(sampling_logprobs)} logprobs")
     if not prompt_tokens or not completion_tokens:
         raise ValueError("a datum needs at least one prompt token and one completion token")
-    full = [*prompt_tokens, *completion_tokens]
-    ob_len = len(prompt_tokens) - 1
-    mask = [0.0] * ob_len + [1.0] * len(completion_tokens)
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(full[:-1]),
-        loss_fn_inputs={
-            "target_tokens": full[1:],
-            "logprobs": [0.0] * ob_len + list(sampling_logprobs),
-            "advantages": [0.0] * ob_len + [advantage] * len(completion_tokens),
-        },
-    )
-    return datum, mask
+    prompt = [0.0] * len(prompt_tokens)
+    return masked_datum([*prompt_tokens, *completion_tokens], [*prompt, *sampling_logprobs],
+                        [*prompt, *[1.0] * len(completion_tokens)], advantage)
 
 
 def sft_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> types.Datum:

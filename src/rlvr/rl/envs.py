@@ -11,7 +11,7 @@ datum, its actions trained and its observations masked; otherwise each break sta
 
 Envs run in the calling process: an env whose reward runs untrusted code should score through the sandbox
 (``rlvr.sandbox``) as the code rewards do. An env whose ``step`` raises stops the rollout with a ``RewardError``
-naming the env, the group and the turn. Not here: the synchronous loop over problem sources (``loop.py``).
+naming the env, the group and the turn. Not here: the training loop that takes an ``RLDataset`` (``loop.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError, RewardError
+from rlvr.rl.datums import masked_datum
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -138,9 +139,9 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
     its own seed (drawn from ``seed``), so envs with the same observation still sample independently. ``timing``,
     when given, receives ``"env"``: the seconds spent in the envs' ``step`` (scoring, tools).
     """
-    env_seconds = 0.0
     if max_turns < 1:
         raise ConfigurationError(f"max_turns must be at least 1, got {max_turns}")
+    env_seconds = 0.0
     rng = random.Random(seed)
     envs = [list(builder.make_envs()) for builder in builders]
     for b, group in enumerate(envs):
@@ -172,7 +173,7 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
                                                float(result.reward), dict(result.metrics)))
             if not result.done:
                 if not result.next_observation:
-                    raise ConfigurationError(f"{type(envs[key[0]][key[1]]).__name__}.step returned done=False "
+                    raise ConfigurationError(f"{type(env).__name__}.step returned done=False "
                                              "with an empty next_observation")
                 observations[key] = list(result.next_observation)
                 still.append(key)
@@ -193,7 +194,7 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
 
 def trajectory_datums(trajectory: Trajectory, advantage: float) -> list[tuple[types.Datum, list[float]]]:
     """Datums that train ``trajectory``'s actions with ``advantage``, each with its mask over target positions
-    (1.0 = a sampled token). Observations get advantage 0 and logprob 0, as ``datums.rl_datum`` does."""
+    (1.0 = a sampled token). Observations get advantage 0 and logprob 0 (``datums.masked_datum``)."""
     out: list[tuple[types.Datum, list[float]]] = []
     tokens: list[int] = []
     logprobs: list[float] = []
@@ -201,11 +202,7 @@ def trajectory_datums(trajectory: Trajectory, advantage: float) -> list[tuple[ty
 
     def flush() -> None:
         if len(tokens) > 1:
-            mask = sampled[1:]
-            out.append((types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": logprobs[1:],
-                                "advantages": [advantage * m for m in mask]}), mask))
+            out.append(masked_datum(tokens, logprobs, sampled, advantage))
 
     for t in trajectory.transitions:
         if len(t.action) != len(t.logprobs):

@@ -80,8 +80,8 @@ def evaluate(sampling_client: Any, tokenizer: Any, source: ProblemSource, proble
 
 
 def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any = None) -> dict[str, Any]:
-    """Run the loop on a problem source or an env dataset; returns the before/after evaluations (problem sources
-    only) and the training client."""
+    """Run the loop on a problem source or an env dataset; returns the before/after held-out evaluations (absent
+    for an env dataset without ``test_groups``) and the training client."""
     envs = isinstance(source, RLDataset)
     if envs:
         _check_env_dataset(config, source)
@@ -300,8 +300,8 @@ def _env_rollout(builders: Any, sampler: Any, params: types.SamplingParams, conf
     records = [{"problem_id": f"{type(builder).__name__}[{b}]", "response": _conversation(t, tokenizer),
                 "prompt": tokenizer.decode(t.transitions[0].observation), "reward": r, "parts": {},
                 "failure": None if t.finished else f"cut at max_turns={config.max_turns}"}
-               for b, (builder, group) in enumerate(zip(builders, groups, strict=True))
-               for t, r in zip(group.trajectories, group.total_rewards(), strict=True)]
+               for b, (builder, group, rewards_G) in enumerate(zip(builders, groups, rewards, strict=True))
+               for t, r in zip(group.trajectories, rewards_G, strict=True)]
     return _Rollout(trajectories, rewards, records, sampled, metrics)
 
 

@@ -60,7 +60,7 @@ class CodeRefineEnv(Env):
     def step(self, action: list[int]) -> StepResult:
         self.attempts += 1
         response = self.tokenizer.decode(action, skip_special_tokens=True)
-        result = self.reward._backend().run_many([self.reward.job(response, self.problem.reward_meta())])[0]
+        result = self.reward.run(response, self.problem.reward_meta())
         value = self.reward.value(result)
         if result.passed or self.attempts == self.max_attempts:
             return StepResult(reward=value, done=True, metrics={"attempts": float(self.attempts),
