@@ -270,3 +270,32 @@ def test_draws_follow_the_distribution():
     drawn = choose_tokens(logits, DecodeSettings(5, 0.5, -1, 1.0, frozenset(), ()), gen)
     freq = torch.bincount(drawn, minlength=4).float() / len(drawn)
     torch.testing.assert_close(freq, torch.softmax(2 * logits[0], -1), atol=0.015, rtol=0)
+
+
+def test_requests_submitted_back_to_back_decode_as_one_batch(monkeypatch):
+    # The engine thread wakes on the first request; a loop of sample() calls that does some work between them
+    # (rendering the next prompt, here 0.5 ms) must still become one batch.
+    import time
+
+    import rlvr
+    from rlvr.engine import Engine
+    from rlvr.engine import engine as engine_module
+
+    batches = []
+    real = engine_module.sample_batch
+
+    def spy(model, jobs, *args, **kwargs):
+        batches.append(sum(job.num_samples for job in jobs))
+        return real(model, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "sample_batch", spy)
+    sampler = rlvr.ServiceClient(Engine()).create_sampling_client(base_model="tiny")
+    sampler.sample(types.ModelInput.from_ints([1]), 1, types.SamplingParams(max_tokens=1)).result()  # load
+    batches.clear()
+    params = types.SamplingParams(max_tokens=3, seed=0)
+    futures = []
+    for i in range(8):
+        futures.append(sampler.sample(types.ModelInput.from_ints([i + 1, i + 2]), 4, params))
+        time.sleep(0.0005)
+    assert all(len(f.result().sequences) == 4 for f in futures)
+    assert batches == [32]

@@ -12,6 +12,8 @@ before temperature, top-k or top-p reshape it for the draw. That is exactly what
 tokens, so at equal weights ``kl_sample_train`` is ~0 whatever the sampling parameters; the sampling distribution
 itself differs from it whenever temperature != 1 or top-k/top-p truncate.
 
+Decode steps of Llama-family models run through ``decode.LlamaDecoder``; other models through Hugging Face's forward.
+
 Not here: which requests are batched together (the engine decides), vLLM.
 """
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from tinker import types
 
+from rlvr.engine.decode import LlamaDecoder
 from rlvr.engine.kv_cache import GrowingCache
 from rlvr.errors import ConfigurationError
 
@@ -104,11 +107,37 @@ def choose_tokens(logits: torch.Tensor, settings: DecodeSettings, generator: tor
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
         sorted_probs = sorted_probs.masked_fill(before >= settings.top_p, 0.0)  # the first token always stays
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    # Inverse-CDF draw: one uniform per row. (torch.multinomial draws an exponential per vocabulary entry, which
-    # was a quarter of a CPU decode step.) With right=True the first index whose CDF exceeds u has probability > 0.
-    cdf = probs.cumsum(dim=-1)  # (R, V)
-    u = torch.rand((cdf.shape[0], 1), generator=generator) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    return draw(probs, generator)
+
+
+DRAW_BLOCK = 256  # vocabulary entries per block of the two-level inverse-CDF draw
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index per row of ``weights`` (R, V), drawn with probability proportional to its weight (>= 0).
+
+    Inverse-CDF sampling with one uniform per row. (``torch.multinomial`` draws an exponential per vocabulary entry,
+    which was a quarter of a CPU decode step; a cumulative sum over the whole vocabulary is a slow sequential scan.)
+    So it runs in two levels: block sums of ``DRAW_BLOCK`` entries pick a block, a cumulative sum inside that block
+    picks the entry. An entry of weight 0 is never drawn.
+    """
+    rows, size = weights.shape
+    if size % DRAW_BLOCK:
+        weights = torch.nn.functional.pad(weights, (0, DRAW_BLOCK - size % DRAW_BLOCK))
+    blocks = weights.view(rows, -1, DRAW_BLOCK)  # (R, nb, bs)
+    block_sums = blocks.sum(-1)  # (R, nb)
+    block_cdf = block_sums.cumsum(-1)
+    total = block_cdf[:, -1:]
+    below = torch.nextafter(total, torch.zeros_like(total))  # u must stay < total, whatever rounding does
+    u = torch.minimum(torch.rand((rows, 1), generator=generator, dtype=weights.dtype) * total, below)
+    block = torch.searchsorted(block_cdf, u, right=True)  # (R, 1): the first block whose cumulative sum exceeds u
+    u = u - (block_cdf.gather(-1, block) - block_sums.gather(-1, block))  # what is left inside that block
+    inside = blocks.gather(1, block[:, :, None].expand(-1, -1, DRAW_BLOCK)).squeeze(1)  # (R, bs)
+    inside_cdf = inside.cumsum(-1)
+    inside_total = inside_cdf[:, -1:]
+    u = torch.minimum(u.clamp(min=0), torch.nextafter(inside_total, torch.zeros_like(inside_total)))
+    entry = torch.searchsorted(inside_cdf, u, right=True)
+    return (block * DRAW_BLOCK + entry).squeeze(-1)
 
 
 @dataclass
@@ -127,12 +156,14 @@ class SampleJob:
 
 @torch.inference_mode()
 def sample_batch(
-    model: torch.nn.Module, jobs: list[SampleJob], decode: Callable[[list[int]], str], pad_id: int
+    model: torch.nn.Module, jobs: list[SampleJob], decode: Callable[[list[int]], str], pad_id: int,
+    *, fast: bool = True,
 ) -> list[list[Sequence_]]:
     """Sample every job's continuations in one batched decode (see the module docstring).
 
     Distinct prompts are left-padded and prefilled together, once each; each prompt's cache rows are then repeated
-    for its samples. Every step decodes all live rows at once, and finished rows are dropped from the batch.
+    for its samples. Every step decodes all live rows at once, and finished rows leave the batch. Decode steps run
+    through ``LlamaDecoder`` when the model is one it supports (``fast=False`` forces Hugging Face's forward).
     """
     distinct = list(dict.fromkeys(tuple(job.prompt) for job in jobs))
     width = max(len(p) for p in distinct)
@@ -145,29 +176,20 @@ def sample_batch(
     padded = bool((attention_mask == 0).any())
     out = model(input_ids=input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
                 past_key_values=GrowingCache(), use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
 
     # One row per sample: (job, sample) pairs, rows of a job contiguous.
     row_job = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
     row_sample = [s for job in jobs for s in range(job.num_samples)]
     prompt_row = torch.tensor([distinct.index(tuple(jobs[j].prompt)) for j in row_job])
-    cache.batch_select_indices(prompt_row)
     logits = out.logits[prompt_row, -1, :].float()  # (R, V)
-    attention_mask = attention_mask[prompt_row]  # (R, P)
-    positions = attention_mask.sum(-1)  # (R,) position of each row's next token
+    positions = attention_mask.sum(-1)[prompt_row]  # (R,) position of each row's next token
+    capacity = width + max(job.settings.max_tokens for job in jobs)
+    decoder = (LlamaDecoder.build(model) if fast else None) or _HFDecoder(model, padded)
+    decoder.start(out.past_key_values, attention_mask, prompt_row, capacity)
 
     results = [[Sequence_([], [], "length") for _ in range(job.num_samples)] for job in jobs]
     while row_job:
-        chosen = torch.empty(len(row_job), dtype=torch.long)  # (R,)
-        start = 0
-        while start < len(row_job):  # each job draws its contiguous rows with its own settings and generator
-            end = start
-            while end < len(row_job) and row_job[end] == row_job[start]:
-                end += 1
-            job = jobs[row_job[start]]
-            chosen[start:end] = choose_tokens(logits[start:end], job.settings, job.generator)
-            start = end
-        chosen_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+        chosen, chosen_logprobs = _choose(logits, row_job, jobs)
         keep = []
         for row, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
             job = jobs[row_job[row]]
@@ -182,16 +204,71 @@ def sample_batch(
             break
         if len(keep) < len(row_job):
             index = torch.tensor(keep)
-            cache.batch_select_indices(index)
-            chosen, attention_mask, positions = chosen[index], attention_mask[index], positions[index]
+            decoder.keep(index)
+            chosen, positions = chosen[index], positions[index]
             row_job = [row_job[r] for r in keep]
             row_sample = [row_sample[r] for r in keep]
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(row_job), 1))], dim=-1)
-        out = model(input_ids=chosen[:, None], attention_mask=attention_mask if padded else None,
-                    position_ids=positions[:, None], past_key_values=cache, use_cache=True)
+        logits = decoder.step(chosen, positions)
         positions = positions + 1
-        logits = out.logits[:, -1, :].float()
     return results
+
+
+def _choose(logits: torch.Tensor, row_job: list[int], jobs: list[SampleJob]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next token, drawn with its job's settings and generator, and its logprob at temperature 1.
+
+    Greedy and plain temperature-1 rows (the usual RL case) draw from the temperature-1 softmax itself and take
+    the chosen token's logprob as its log there: a drawn or greedy token's probability is far above float32's
+    underflow, so this equals log_softmax's value to rounding, one pass over the vocabulary cheaper. Other rows
+    take logit - logsumexp.
+    """
+    probs = torch.softmax(logits, dim=-1)  # (R, V)
+    chosen = torch.empty(len(row_job), dtype=torch.long)  # (R,)
+    exact = torch.zeros(len(row_job), dtype=torch.bool)  # rows whose logprob needs logsumexp
+    start = 0
+    while start < len(row_job):  # each job draws its contiguous rows with its own settings and generator
+        end = start
+        while end < len(row_job) and row_job[end] == row_job[start]:
+            end += 1
+        job = jobs[row_job[start]]
+        settings = job.settings
+        if settings.temperature == 0:
+            chosen[start:end] = logits[start:end].argmax(dim=-1)
+        elif settings.temperature == 1 and settings.top_k < 0 and settings.top_p == 1:
+            chosen[start:end] = draw(probs[start:end], job.generator)
+        else:
+            chosen[start:end] = choose_tokens(logits[start:end], settings, job.generator)
+            exact[start:end] = True
+        start = end
+    logprobs = probs.gather(-1, chosen[:, None]).squeeze(-1).log()
+    if exact.any():
+        rows = exact.nonzero().squeeze(-1)
+        picked = logits[rows].gather(-1, chosen[rows, None]).squeeze(-1)
+        logprobs[rows] = picked - torch.logsumexp(logits[rows], dim=-1)
+    return chosen, logprobs
+
+
+class _HFDecoder:
+    """Decode steps through the model's own forward and a ``GrowingCache``: any causal LM transformers loads."""
+
+    def __init__(self, model: torch.nn.Module, padded: bool) -> None:
+        self.model, self.padded = model, padded
+        self.cache: GrowingCache | None = None
+        self.attention_mask = torch.empty(0)
+
+    def start(self, cache: GrowingCache, attention_mask: torch.Tensor, rows: torch.Tensor, capacity: int) -> None:
+        self.cache = cache
+        cache.batch_select_indices(rows)
+        self.attention_mask = attention_mask[rows]  # (R, P)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.attention_mask = self.attention_mask[rows]
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones((len(tokens), 1))], -1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.attention_mask if self.padded else None,
+                         position_ids=positions[:, None], past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1, :].float()
 
 
 def _ends_with_stop(decode: Callable[[list[int]], str], tokens: list[int], stops: tuple[str, ...]) -> bool:

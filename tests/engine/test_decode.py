@@ -1,0 +1,132 @@
+"""LlamaDecoder: its decode steps give the model's own logits (plain forward over the whole sequence, no cache),
+with and without LoRA, packed or not, through lazy row dropping; unsupported models fall back; draw() samples the
+distribution it is given."""
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from rlvr import types
+from rlvr.engine import decode
+from rlvr.engine.decode import LlamaDecoder
+from rlvr.engine.kv_cache import GrowingCache
+from rlvr.engine.lora import AdapterHost, LoraSpec
+from rlvr.engine.models import load_base_model
+from rlvr.engine.sampler import SampleJob, draw, resolve_params, sample_batch
+
+
+@pytest.fixture(scope="module")
+def host():
+    """tiny with a LoRA adapter whose B matrices are not zero, so the adapter changes every projection."""
+    host = AdapterHost(load_base_model("tiny"))
+    host.add("a", LoraSpec(rank=4), seed=0)
+    with torch.no_grad():
+        for name, param in host.parameters("a").items():
+            if "lora_B" in name:
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(hash(name) % 2**31))
+    return host
+
+
+def reference_logits(model, sequence: list[int]) -> torch.Tensor:
+    """The model's next-token logits after ``sequence``: one forward over all of it, no cache, no padding."""
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([sequence])).logits[0, -1].float()
+
+
+def prefill(model, prompts: list[list[int]]):
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    past_key_values=GrowingCache(), use_cache=True, logits_to_keep=1)
+    return out.past_key_values, mask
+
+
+@pytest.mark.parametrize("adapter", [None, "a"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
+    if not packed:
+        monkeypatch.setattr(decode, "_can_pack", lambda: False)
+    elif not decode._can_pack():
+        pytest.skip("this torch has no MKL packed matmul")
+    prompts = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
+    rows = torch.tensor([0, 0, 1, 2, 2, 2])  # prompts repeated per sample, as the sampler lays them out
+    with host.active(adapter) as model:
+        decoder = LlamaDecoder.build(model)
+        assert decoder is not None
+        cache, mask = prefill(model, prompts)
+        decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
+        assert (decoder.head.packed is not None) == packed
+        sequences = [list(prompts[r]) for r in rows.tolist()]
+        live = list(range(len(sequences)))
+        gen = torch.Generator().manual_seed(0)
+        for step in range(6):
+            tokens = torch.randint(1, 200, (len(live),), generator=gen)
+            positions = torch.tensor([len(sequences[r]) for r in live])
+            for r, t in zip(live, tokens.tolist(), strict=True):
+                sequences[r].append(t)
+            logits = decoder.step(tokens, positions)
+            expected = torch.stack([reference_logits(model, sequences[r]) for r in live])
+            torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-4)
+            if step in (1, 3):  # rows finish: first lazily (slots kept), then enough of them to compact
+                keep = [0, 2, 4] if step == 1 else [1, 2]
+                decoder.keep(torch.tensor(keep))
+                live = [live[i] for i in keep]
+        assert decoder.keys[0].shape[0] == 2  # compacted to the two live rows
+
+
+def test_adapter_changes_the_logits(host):
+    # Guards the test above: with a zero or ignored adapter both parametrizations would pass on the same numbers.
+    prompts = [[5, 6, 7]]
+    out = []
+    for adapter in (None, "a"):
+        with host.active(adapter) as model:
+            decoder = LlamaDecoder.build(model)
+            cache, mask = prefill(model, prompts)
+            decoder.start(cache, mask, torch.tensor([0]), capacity=8)
+            out.append(decoder.step(torch.tensor([9]), torch.tensor([3])))
+    assert (out[0] - out[1]).abs().max() > 1e-3
+
+
+def test_other_architectures_fall_back_to_hugging_face():
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    assert LlamaDecoder.build(model) is None
+    params = types.SamplingParams(max_tokens=6, temperature=0.0, stop=[])
+    jobs = [SampleJob([1, 2, 3], 2, resolve_params(params, 3, 64, [0]), torch.Generator().manual_seed(0))]
+    result = sample_batch(model, jobs, lambda ids: str(ids), pad_id=0)
+    with torch.inference_mode():
+        expected = model.generate(input_ids=torch.tensor([[1, 2, 3]]), do_sample=False, max_new_tokens=6,
+                                  min_new_tokens=6, pad_token_id=0)[0, 3:].tolist()
+    assert [s.tokens for s in result[0]] == [expected, expected]
+
+
+def test_fast_and_hugging_face_decoding_agree(host):
+    params = types.SamplingParams(max_tokens=10, temperature=1.0, stop=[])
+    with host.active("a") as model:
+        results = []
+        for fast in (True, False):
+            jobs = [SampleJob(p, 3, resolve_params(params, len(p), 128, [0]), torch.Generator().manual_seed(i))
+                    for i, p in enumerate([[5, 6, 7, 8], [40, 41]])]
+            results.append(sample_batch(model, jobs, lambda ids: str(ids), pad_id=0, fast=fast))
+    for fast_job, hf_job in zip(*results, strict=True):
+        for a, b in zip(fast_job, hf_job, strict=True):
+            assert a.tokens == b.tokens
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("vocab", [4, 1000, 512])
+def test_draw_follows_the_weights_and_never_picks_a_zero(vocab):
+    # Unnormalised weights with zeros in them, over vocabularies smaller than, not a multiple of, and a multiple
+    # of the block: 40k draws land within 1 point of weight / sum, and no zero-weight entry is ever drawn.
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.rand(vocab, generator=gen) ** 4
+    weights[torch.randperm(vocab, generator=gen)[: vocab // 2]] = 0
+    weights[-1] = 3.0  # mass in the last block too
+    drawn = draw(weights.expand(40_000, -1), gen)
+    freq = torch.bincount(drawn, minlength=vocab).float() / len(drawn)
+    assert freq[weights == 0].sum() == 0
+    torch.testing.assert_close(freq, weights / weights.sum(), atol=0.01, rtol=0)
