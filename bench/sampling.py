@@ -5,6 +5,9 @@ The same prompts, group sizes and parameters go through both, on ``smollm2-135m`
 both, the ratio, and the fraction of this machine's bound rlvr reaches: decoding many rows is compute-bound at about
 2 x parameters FLOPs per token, measured against the matmul FLOP/s this machine sustains.
 
+Everything that computes runs on the engine's thread, generate included: torch work split between two threads of
+one process ran about a third slower here than the same work on one thread, whichever side it hit.
+
 These VMs share their cores (steal time of 25% is common), so each size runs ``--repeats`` times, rlvr and
 ``generate`` alternating, and the best rate of each is compared.
 
@@ -21,6 +24,7 @@ import torch
 
 import rlvr
 from rlvr import types
+from rlvr.engine import Engine
 from rlvr.engine.models import load_base_model
 
 
@@ -71,11 +75,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
-    sampler = rlvr.ServiceClient().create_sampling_client(base_model="smollm2-135m")
-    reference = load_base_model("smollm2-135m")  # a separate copy for generate
+    engine = Engine.default()
+    sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model="smollm2-135m")
+    reference = engine.run(load_base_model, "smollm2-135m")  # a separate copy for generate
     model, tokenizer = reference.model, reference.tokenizer
     params = sum(p.numel() for p in model.parameters())
-    flops = matmul_flops()
+    flops = engine.run(matmul_flops)
     bound = flops / (2 * params)
     print(f"smollm2-135m: {params / 1e6:.1f}M parameters; matmul {flops / 1e9:.0f} GFLOP/s -> compute bound "
           f"{bound:.0f} tokens/s; {torch.get_num_threads()} threads; {args.max_tokens} new tokens per sequence")
@@ -89,7 +94,7 @@ def main() -> None:
         ours = theirs = 0.0
         for _ in range(args.repeats):
             ours = max(ours, run_rlvr(sampler, prompts, samples, args.max_tokens))
-            theirs = max(theirs, run_generate(model, tokenizer, prompts, samples, args.max_tokens))
+            theirs = max(theirs, engine.run(run_generate, model, tokenizer, prompts, samples, args.max_tokens))
         results[str(size)] = {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs, "ratio": ours / theirs,
                               "fraction_of_bound": ours / bound, "prompts": n_prompts, "samples_per_prompt": samples}
         print(f"{size:>9} | {ours:>10.1f} | {theirs:>14.1f} | {ours / theirs:>5.2f} | {ours / bound:>8.2f}")
