@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlvr.rl.advantages import RunningBaseline, group_advantages, group_outcomes, is_constant
+from rlvr.rl.advantages import RunningBaseline, entropy_shaped, group_advantages, group_outcomes, is_constant
 
 
 def test_group_centring():
@@ -30,3 +30,41 @@ def test_running_baseline():
     assert baseline.value == 2.0
     assert baseline.advantages([4.0]) == [2.0]  # against 2, then 0.5 * 2 + 0.5 * 4 = 3
     assert baseline.value == 3.0
+
+
+def test_entropy_shaping_by_hand():
+    # A = 1, logprobs [-1, -2, -0.5], coef 0.1: suffix sums [-3.5, -2.5, -0.5] -> 1 + [0.35, 0.25, 0.05]
+    assert entropy_shaped(1.0, [-1.0, -2.0, -0.5], 0.1) == pytest.approx([1.35, 1.25, 1.05])
+    assert entropy_shaped(0.5, [-1.0, -2.0], 0.0) == [0.5, 0.5]
+    with pytest.raises(ValueError, match=">= 0"):
+        entropy_shaped(0.0, [-1.0], -0.1)
+
+
+def test_entropy_shaping_is_the_entropy_gradient_in_expectation():
+    # A two-token policy pi(y1) pi(y2 | y1) over 3 x 3 answers, with parameters theta. Enumerating every answer, the
+    # expected policy gradient sum_y pi(y) sum_t A_t(y) grad log pi(y_t | .) with the shaped advantages (A = 0,
+    # coef 1) must equal grad H, H = -sum_y pi(y) log pi(y), computed by autograd on the exact entropy.
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randn(3, generator=gen, requires_grad=True)
+    second = torch.randn(3, 3, generator=gen, requires_grad=True)
+
+    def logprobs(y1, y2):
+        return torch.log_softmax(first, -1)[y1], torch.log_softmax(second[y1], -1)[y2]
+
+    answers = [(a, b) for a in range(3) for b in range(3)]
+    entropy = -sum(torch.exp(sum(logprobs(*y))) * sum(logprobs(*y)) for y in answers)
+    exact = torch.autograd.grad(entropy, [first, second])
+    surrogate = 0.0
+    for y in answers:
+        lp1, lp2 = logprobs(*y)
+        weight = torch.exp(lp1 + lp2).detach()  # the expectation over answers, not differentiated
+        a1, a2 = entropy_shaped(0.0, [lp1.item(), lp2.item()], 1.0)
+        surrogate = surrogate + weight * (a1 * lp1 + a2 * lp2)
+    estimated = torch.autograd.grad(surrogate, [first, second])
+    for e, x in zip(estimated, exact, strict=True):
+        torch.testing.assert_close(e, x, atol=1e-5, rtol=1e-5)
+    # Guard: an estimator that drops the token's own surprisal (keeps only what follows it) misses the gradient.
+    wrong = sum(torch.exp(sum(logprobs(*y))).detach() * (-(logprobs(*y)[1].item()) * logprobs(*y)[0]) for y in answers)
+    assert not torch.allclose(torch.autograd.grad(wrong, [first])[0], exact[0], atol=1e-3)

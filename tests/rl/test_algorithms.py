@@ -44,8 +44,8 @@ def test_grpo_centres_within_groups():
 def test_unsupported_options_are_refused():
     with pytest.raises(ConfigurationError, match="value_coef=0.5: not supported yet"):
         PPO(PPOConfig(value_coef=0.5))
-    with pytest.raises(ConfigurationError, match="entropy_coef=0.01"):
-        REINFORCE(REINFORCEConfig(entropy_coef=0.01))
+    with pytest.raises(ConfigurationError, match="entropy_coef=-0.01: must be >= 0"):
+        REINFORCE(REINFORCEConfig(entropy_coef=-0.01))
     with pytest.raises(ConfigurationError, match="clip_range"):
         PPO(PPOConfig(clip_range=1.5))
 
@@ -82,6 +82,26 @@ def test_rewarded_answers_become_likelier(service, algo):
     assert result.steps == (2 if isinstance(algo, PPO) else 1)
     assert result.grad_norm > 0
     assert logprob_of(tc, good) > before + 1.0
+
+
+def test_entropy_bonus_reaches_the_datums_per_token(service):
+    # With entropy_coef the datums carry A - coef * (suffix sums of the sampler logprobs) on the answer tokens.
+    tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=0)
+    sent = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(tc, name)
+
+        def forward_backward(self, datums, loss_fn, config=None):
+            sent.extend(datums)
+            return tc.forward_backward(datums, loss_fn, config)
+
+    batch = TrajectoryBatch([Trajectory("p", "r", [1, 2], [3, 4, 5], [-1.0, -2.0, -0.5], 1.0),
+                             Trajectory("p", "r", [1, 2], [6, 7], [-0.25, -0.75], 0.0)])
+    REINFORCE(REINFORCEConfig(use_baseline=False, normalize_advantages=False, entropy_coef=0.1)).update(batch, Spy())
+    assert sent[0].loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, 1.35, 1.25, 1.05])
+    assert sent[1].loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, 0.1, 0.075])
 
 
 def test_target_kl_stops_ppo_epochs_early(service):

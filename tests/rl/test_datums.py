@@ -62,3 +62,14 @@ def test_kl_penalty_by_hand():
         [0.0, 0.5 + 0.3 * (1 / 3 - 0.5), 0.5 + 0.3 * (1 / 3)])
     assert out[1].loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, -0.5 + 0.3 * (1 / 3 - 0.5)])
     assert out[0].loss_fn_inputs["target_tokens"].tolist() == d1.loss_fn_inputs["target_tokens"].tolist()
+
+
+def test_per_token_advantages_land_on_the_sampled_tokens_in_order():
+    from rlvr.rl.datums import masked_datum
+
+    # tokens 1..5, tokens 3 and 5 sampled (4 is an observation between them): targets 2..5, mask [0, 1, 0, 1]
+    datum, mask = masked_datum([1, 2, 3, 4, 5], [0, 0, -0.1, 0, -0.2], [0, 0, 1, 0, 1], [0.7, -0.3])
+    assert mask == [0, 1, 0, 1]
+    assert datum.loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, 0.7, 0.0, -0.3])
+    with pytest.raises(ValueError, match="3 advantages for 2 sampled tokens"):
+        masked_datum([1, 2, 3, 4, 5], [0, 0, -0.1, 0, -0.2], [0, 0, 1, 0, 1], [0.7, -0.3, 0.1])

@@ -3,6 +3,7 @@
 GRPO-style group centring is the default (``A_i = r_i - mean(r_G)``); optional division by the group's standard
 deviation (``normalize_std``); a running-mean REINFORCE baseline for single-sample settings. A group whose rewards are
 all equal carries no signal under centring and is dropped by the loop (counted in ``by_group/frac_all_*``).
+``entropy_shaped`` adds an entropy bonus per token.
 """
 
 from __future__ import annotations
@@ -15,6 +16,24 @@ from dataclasses import dataclass
 def is_constant(rewards_G: Sequence[float]) -> bool:
     """Whether every reward of the group is the same (centred advantages would all be 0)."""
     return all(r == rewards_G[0] for r in rewards_G)
+
+
+def entropy_shaped(advantage: float, logprobs_T: Sequence[float], coef: float) -> list[float]:
+    """Per-token advantages with an entropy bonus: ``A_t = advantage - coef * sum_{t' >= t} logprobs_T[t']``.
+
+    The bonus is the answer's surprisal ``-log pi(y)`` paid as extra reward: since ``E[grad log pi(y)] = 0``, the
+    policy gradient of ``E[-coef * log pi(y)]`` is ``coef * grad H`` (H: the entropy of the answer distribution),
+    and each token keeps only the surprisal of itself and what follows it (earlier tokens do not depend on it), which
+    removes variance and no signal. ``logprobs_T`` are the sampler's logprobs of the answer's tokens.
+    """
+    if coef < 0:
+        raise ValueError(f"entropy coefficient must be >= 0, got {coef}")
+    shaped_T = []
+    suffix = 0.0
+    for logprob in reversed(logprobs_T):
+        suffix += logprob
+        shaped_T.append(advantage - coef * suffix)
+    return shaped_T[::-1]
 
 
 def group_advantages(rewards_G: Sequence[float], normalize_std: bool = False, eps: float = 1e-6) -> list[float]:

@@ -5,6 +5,11 @@ datums and train through the client API with the engine's built-in losses; ``get
 their small state (a running baseline) across checkpoints. ``MockRolloutSampler`` produces trajectories without a
 model, to test a pipeline.
 
+``entropy_coef > 0`` adds an entropy bonus through the advantages (``advantages.entropy_shaped``: each answer
+token's advantage gets ``-entropy_coef`` times the sampler logprobs of it and the tokens after it), which in
+expectation is the gradient of ``entropy_coef`` x the answers' entropy: the built-in losses only see the logprobs of
+the sampled tokens, so this is the estimator they can carry.
+
 Not here: a value head. ``PPOConfig(value_coef > 0)`` (GAE with a learned critic) is refused with an error rather
 than silently ignored; group-relative advantages (GRPO) are the critic-free alternative.
 """
@@ -19,7 +24,7 @@ from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError
-from rlvr.rl.advantages import RunningBaseline, group_advantages
+from rlvr.rl.advantages import RunningBaseline, entropy_shaped, group_advantages
 from rlvr.rl.datums import rl_datum, sample_train_metrics
 
 
@@ -116,7 +121,7 @@ class REINFORCEConfig:
     normalize_advantages: bool = True
     """Divide advantages by the batch's standard deviation."""
     entropy_coef: float = 0.0
-    """Not supported yet by the built-in losses: must be 0."""
+    """Entropy bonus weight (>= 0), carried by per-token advantages (see the module docstring)."""
     baseline_decay: float = 0.9
     """Running-baseline decay."""
 
@@ -134,7 +139,7 @@ class PPOConfig:
     value_coef: float = 0.0
     """Value-head weight; must be 0 (no critic, see the module docstring)."""
     entropy_coef: float = 0.0
-    """Not supported yet by the built-in losses: must be 0."""
+    """Entropy bonus weight (>= 0), carried by per-token advantages (see the module docstring)."""
     normalize_advantages: bool = True
     """Divide advantages by the batch's standard deviation."""
     reward_normalization: bool = False
@@ -154,7 +159,11 @@ class GRPOConfig:
 
 
 def _unsupported(config: Any) -> None:
-    for name in ("entropy_coef", "value_coef", "kl_penalty_coef"):
+    entropy = getattr(config, "entropy_coef", 0.0)
+    if entropy < 0:
+        raise ConfigurationError(f"{type(config).__name__}.entropy_coef={entropy}: must be >= 0 (it weights an "
+                                 "entropy bonus)")
+    for name in ("value_coef", "kl_penalty_coef"):
         value = getattr(config, name, 0.0)
         if value:
             raise ConfigurationError(f"{type(config).__name__}.{name}={value}: not supported yet; set it to 0 "
@@ -189,7 +198,9 @@ class _Algorithm:
             for i, out in zip(missing, outs, strict=True):
                 lp = out["logprobs"].tolist()
                 trajectories[i].logprobs = lp[len(lp) - len(trajectories[i].response_tokens):]
-        built = [rl_datum(t.prompt_tokens, t.response_tokens, t.logprobs, a)
+        coef = getattr(self.config, "entropy_coef", 0.0)
+        built = [rl_datum(t.prompt_tokens, t.response_tokens, t.logprobs,
+                          entropy_shaped(a, t.logprobs, coef) if coef else a)
                  for t, a in zip(trajectories, advantages, strict=True)]
         datums, masks = [d for d, _ in built], [m for _, m in built]
         sampled = [d.loss_fn_inputs["logprobs"].tolist() for d in datums]

@@ -15,25 +15,32 @@ from rlvr import types
 
 
 def masked_datum(
-    tokens: Sequence[int], logprobs: Sequence[float], sampled: Sequence[float], advantage: float
+    tokens: Sequence[int], logprobs: Sequence[float], sampled: Sequence[float], advantage: float | Sequence[float]
 ) -> tuple[types.Datum, list[float]]:
     """The datum over a whole sequence ``tokens`` whose ``sampled[i] == 1.0`` marks the tokens the policy sampled
     (trained with ``advantage`` and their sampler ``logprobs``); the others get advantage 0 and logprob 0. Returns it
-    with its mask over target positions (1.0 = a sampled token)."""
+    with its mask over target positions (1.0 = a sampled token). ``advantage``: one number for every sampled token,
+    or one per sampled token in order (e.g. ``advantages.entropy_shaped``)."""
     mask = list(sampled[1:])
+    count = sum(1 for m in mask if m)
+    per_token = [float(advantage)] * count if isinstance(advantage, (int, float)) else list(advantage)
+    if len(per_token) != count:
+        raise ValueError(f"{len(per_token)} advantages for {count} sampled tokens")
+    values = iter(per_token)
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(list(tokens[:-1])),
         loss_fn_inputs={
             "target_tokens": list(tokens[1:]),
             "logprobs": [lp if m else 0.0 for lp, m in zip(logprobs[1:], mask, strict=True)],
-            "advantages": [advantage if m else 0.0 for m in mask],
+            "advantages": [next(values) if m else 0.0 for m in mask],
         },
     )
     return datum, mask
 
 
 def rl_datum(
-    prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float], advantage: float
+    prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float],
+    advantage: float | Sequence[float],
 ) -> tuple[types.Datum, list[float]]:
     """The datum for one sampled completion, and its mask over target positions (1.0 = a sampled token)."""
     if len(completion_tokens) != len(sampling_logprobs):
