@@ -59,6 +59,16 @@ def test_an_observation_that_does_not_extend_the_conversation_starts_a_new_datum
     assert [m for _, m in datums] == [[0.0, 1.0], [0.0, 1.0]]
 
 
+def test_entropy_bonus_spans_the_episode_across_turns_and_datums():
+    # Actions 3, 4 | 6 in one datum, then 7 in a second: logprobs -0.5, -0.25, -0.125, -1.0 (episode order).
+    # coef 0.5, A = 1: suffix sums -1.875, -1.375, -1.125, -1.0 -> advantages 1.9375, 1.6875, 1.5625, 1.5.
+    first = Transition([1, 2], [3, 4], [-0.5, -0.25], reward=0.0)
+    second = Transition([1, 2, 3, 4, 50], [6], [-0.125], reward=0.0)
+    third = Transition([9, 8], [7], [-1.0], reward=1.0)
+    datums = trajectory_datums(Trajectory([first, second, third]), advantage=1.0, entropy_coef=0.5)
+    assert [inputs(d)["advantages"] for d, _ in datums] == [[0.0, 1.9375, 1.6875, 0.0, 1.5625], [0.0, 1.5]]
+
+
 def lowercase_share(text: str) -> float:
     return sum("a" <= c <= "z" for c in text) / max(len(text), 1)
 

@@ -168,3 +168,18 @@ def test_a_curriculum_stage_without_problems_is_refused(tmp_path):
         train(config(tmp_path, curriculum={0: 0.5}), Graded())
     with pytest.raises(ConfigurationError, match="first 0"):
         config(tmp_path, curriculum={3: 1})
+
+
+def test_entropy_bonus_raises_the_policys_entropy(tmp_path):
+    # Same seed and task; a strong bonus (entropy_coef 1) ends with a more spread-out policy than no bonus
+    # (optim/entropy: the sampled per-token entropy estimate), and a negative weight is refused.
+    ends = []
+    for coef in (0.0, 1.0):
+        train(config(tmp_path / str(coef), steps=6, entropy_coef=coef, out=str(tmp_path / str(coef) / "run")),
+              SayA())
+        lines = (tmp_path / str(coef) / "run" / "metrics.jsonl").read_text().splitlines()
+        entropies = [json.loads(line)["optim/entropy"] for line in lines if "optim/entropy" in json.loads(line)]
+        ends.append(sum(entropies[-2:]) / 2)
+    assert ends[1] > ends[0] + 0.1, ends
+    with pytest.raises(ConfigurationError, match="entropy_coef=-0.1: must be >= 0"):
+        config(tmp_path, entropy_coef=-0.1)

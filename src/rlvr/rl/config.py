@@ -83,6 +83,9 @@ class LoopConfig:
     """Optimizer steps per batch; the datums are split into this many minibatches."""
     kl_penalty_coef: float = 0.0
     """Weight of the per-token KL penalty to the base model inside the advantages (0 = disabled)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = none): each answer token's advantage gets -entropy_coef times the sampler logprobs
+    of it and the tokens after it (``advantages.entropy_shaped``); constant groups are still dropped."""
     # Sampling
     max_tokens: int = 32
     """Most tokens per answer."""
@@ -128,6 +131,8 @@ class LoopConfig:
                                      "integers, the first 0 (e.g. {0: 1, 10: 2})")
         if self.kl_penalty_coef < 0:
             raise ConfigurationError(f"kl_penalty_coef={self.kl_penalty_coef}: must be >= 0 (0 disables it)")
+        if self.entropy_coef < 0:
+            raise ConfigurationError(f"entropy_coef={self.entropy_coef}: must be >= 0 (0 disables the bonus)")
         if self.group_size < 2:
             raise ConfigurationError(f"group_size={self.group_size}: centred advantages need at least 2 samples")
         if self.learning_rate <= 0:

@@ -25,6 +25,7 @@ from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError, RewardError
+from rlvr.rl.advantages import entropy_shaped
 from rlvr.rl.datums import masked_datum
 from rlvr.tasks.base import Problem, ProblemSource
 
@@ -192,30 +193,41 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
     return groups
 
 
-def trajectory_datums(trajectory: Trajectory, advantage: float) -> list[tuple[types.Datum, list[float]]]:
+def trajectory_datums(
+    trajectory: Trajectory, advantage: float, entropy_coef: float = 0.0
+) -> list[tuple[types.Datum, list[float]]]:
     """Datums that train ``trajectory``'s actions with ``advantage``, each with its mask over target positions
-    (1.0 = a sampled token). Observations get advantage 0 and logprob 0 (``datums.masked_datum``)."""
+    (1.0 = a sampled token). Observations get advantage 0 and logprob 0 (``datums.masked_datum``). With
+    ``entropy_coef > 0`` each action token's advantage carries an entropy bonus over the rest of the episode
+    (``advantages.entropy_shaped``)."""
+    for t in trajectory.transitions:
+        if len(t.action) != len(t.logprobs):
+            raise ConfigurationError(f"a transition has {len(t.action)} action tokens but {len(t.logprobs)} logprobs")
+    episode_logprobs = [lp for t in trajectory.transitions for lp in t.logprobs]
+    per_token = iter(entropy_shaped(advantage, episode_logprobs, entropy_coef) if entropy_coef
+                     else [advantage] * len(episode_logprobs))
     out: list[tuple[types.Datum, list[float]]] = []
     tokens: list[int] = []
     logprobs: list[float] = []
     sampled: list[float] = []  # 1.0 where the token was sampled
+    advantages: list[float] = []  # each token's advantage (0 for observations)
 
     def flush() -> None:
         if len(tokens) > 1:
-            out.append(masked_datum(tokens, logprobs, sampled, advantage))
+            targets = [a for a, s in zip(advantages[1:], sampled[1:], strict=True) if s]
+            out.append(masked_datum(tokens, logprobs, sampled, targets))
 
     for t in trajectory.transitions:
-        if len(t.action) != len(t.logprobs):
-            raise ConfigurationError(f"a transition has {len(t.action)} action tokens but {len(t.logprobs)} logprobs")
         if tokens and t.observation[:len(tokens)] == tokens:
             new = t.observation[len(tokens):]  # the conversation grew: keep one datum
         else:
             flush()
-            tokens, logprobs, sampled = [], [], []
+            tokens, logprobs, sampled, advantages = [], [], [], []
             new = t.observation
         tokens += new + t.action
         logprobs += [0.0] * len(new) + t.logprobs
         sampled += [0.0] * len(new) + [1.0] * len(t.action)
+        advantages += [0.0] * len(new) + [next(per_token) for _ in t.action]
     flush()
     return out
 

@@ -169,7 +169,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
                 if is_constant(rewards_G):
                     continue
                 for trajectory, advantage in zip(trajectories, advantages_G, strict=True):
-                    for datum, mask in trajectory_datums(trajectory, advantage):
+                    for datum, mask in trajectory_datums(trajectory, advantage, config.entropy_coef):
                         datums.append(datum)
                         masks.append(mask)
             metrics.update(group_outcomes(rewards_by_group))
