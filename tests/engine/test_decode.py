@@ -9,10 +9,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from rlvr import types
 from rlvr.engine import decode
 from rlvr.engine.decode import LlamaDecoder
-from rlvr.engine.kv_cache import GrowingCache
 from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.models import load_base_model
-from rlvr.engine.sampler import SampleJob, draw, resolve_params, sample_batch
+from rlvr.engine.sampler import SampleJob, draw, prefill, resolve_params, sample_batch
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +32,6 @@ def reference_logits(model, sequence: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([sequence])).logits[0, -1].float()
 
 
-def prefill(model, prompts: list[list[int]]):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.inference_mode():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                    past_key_values=GrowingCache(), use_cache=True, logits_to_keep=1)
-    return out.past_key_values, mask
-
-
 @pytest.mark.parametrize("adapter", [None, "a"])
 @pytest.mark.parametrize("packed", [False, True])
 def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
@@ -55,7 +44,7 @@ def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
     with host.active(adapter) as model:
         decoder = LlamaDecoder.build(model)
         assert decoder is not None
-        cache, mask = prefill(model, prompts)
+        cache, mask, _ = prefill(model, prompts, pad_id=0)
         decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
         assert (decoder.head.packed is not None) == packed
         sequences = [list(prompts[r]) for r in rows.tolist()]
@@ -83,7 +72,7 @@ def test_adapter_changes_the_logits(host):
     for adapter in (None, "a"):
         with host.active(adapter) as model:
             decoder = LlamaDecoder.build(model)
-            cache, mask = prefill(model, prompts)
+            cache, mask, _ = prefill(model, prompts, pad_id=0)
             decoder.start(cache, mask, torch.tensor([0]), capacity=8)
             out.append(decoder.step(torch.tensor([9]), torch.tensor([3])))
     assert (out[0] - out[1]).abs().max() > 1e-3

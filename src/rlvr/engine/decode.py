@@ -106,15 +106,15 @@ def _projections(modules: list[torch.nn.Module]) -> _Projections:
                                                  float(module.scaling[name])))
     if any(b is None for b in biases) and any(b is not None for b in biases):
         raise _Unsupported("projections with and without bias sharing an input")
+    columns = [0]  # where each module's outputs start in the side-by-side result
+    for w in weights:
+        columns.append(columns[-1] + w.shape[0])
     adapters = []
     for parts in by_name.values():
         offsets = [0]
         for _, a, _, _ in parts:
             offsets.append(offsets[-1] + a.shape[0])
         stacked = torch.cat([a for _, a, _, _ in parts]) if len(parts) > 1 else parts[0][1]
-        columns = [0]
-        for w in weights:
-            columns.append(columns[-1] + w.shape[0])
         adapters.append(_Adapter(stacked, [(slice(columns[index], columns[index + 1]),
                                             slice(offsets[i], offsets[i + 1]), b, scale)
                                            for i, (index, _, b, scale) in enumerate(parts)]))

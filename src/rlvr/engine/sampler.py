@@ -155,6 +155,24 @@ class SampleJob:
 
 
 @torch.inference_mode()
+def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_id: int
+            ) -> tuple[GrowingCache, torch.Tensor, torch.Tensor]:
+    """Run ``prompts`` left-padded through the model's forward at once: their cache (U rows), the attention mask
+    (U, P) marking the padding, and each prompt's next-token logits (U, V) float32."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (U, P) left-padded
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (U, P)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt):] = torch.tensor(prompt)
+        attention_mask[i, width - len(prompt):] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    padded = bool((attention_mask == 0).any())
+    out = model(input_ids=input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
+                past_key_values=GrowingCache(), use_cache=True, logits_to_keep=1)
+    return out.past_key_values, attention_mask, out.logits[:, -1, :].float()
+
+
+@torch.inference_mode()
 def sample_batch(
     model: torch.nn.Module, jobs: list[SampleJob], decode: Callable[[list[int]], str], pad_id: int,
     *, fast: bool = True,
@@ -166,26 +184,17 @@ def sample_batch(
     through ``LlamaDecoder`` when the model is one it supports (``fast=False`` forces Hugging Face's forward).
     """
     distinct = list(dict.fromkeys(tuple(job.prompt) for job in jobs))
-    width = max(len(p) for p in distinct)
-    input_ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)  # (U, P) left-padded
-    attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # (U, P)
-    for i, prompt in enumerate(distinct):
-        input_ids[i, width - len(prompt):] = torch.tensor(prompt)
-        attention_mask[i, width - len(prompt):] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    padded = bool((attention_mask == 0).any())
-    out = model(input_ids=input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
-                past_key_values=GrowingCache(), use_cache=True, logits_to_keep=1)
+    cache, attention_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id)
 
     # One row per sample: (job, sample) pairs, rows of a job contiguous.
     row_job = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
     row_sample = [s for job in jobs for s in range(job.num_samples)]
     prompt_row = torch.tensor([distinct.index(tuple(jobs[j].prompt)) for j in row_job])
-    logits = out.logits[prompt_row, -1, :].float()  # (R, V)
+    logits = last_logits[prompt_row]  # (R, V)
     positions = attention_mask.sum(-1)[prompt_row]  # (R,) position of each row's next token
-    capacity = width + max(job.settings.max_tokens for job in jobs)
-    decoder = (LlamaDecoder.build(model) if fast else None) or _HFDecoder(model, padded)
-    decoder.start(out.past_key_values, attention_mask, prompt_row, capacity)
+    capacity = attention_mask.shape[1] + max(job.settings.max_tokens for job in jobs)
+    decoder = (LlamaDecoder.build(model) if fast else None) or _HFDecoder(model)
+    decoder.start(cache, attention_mask, prompt_row, capacity)
 
     results = [[Sequence_([], [], "length") for _ in range(job.num_samples)] for job in jobs]
     while row_job:
@@ -231,13 +240,11 @@ def _choose(logits: torch.Tensor, row_job: list[int], jobs: list[SampleJob]) -> 
             end += 1
         job = jobs[row_job[start]]
         settings = job.settings
-        if settings.temperature == 0:
-            chosen[start:end] = logits[start:end].argmax(dim=-1)
-        elif settings.temperature == 1 and settings.top_k < 0 and settings.top_p == 1:
+        if settings.temperature == 1 and settings.top_k < 0 and settings.top_p == 1:
             chosen[start:end] = draw(probs[start:end], job.generator)
         else:
             chosen[start:end] = choose_tokens(logits[start:end], settings, job.generator)
-            exact[start:end] = True
+            exact[start:end] = settings.temperature != 0
         start = end
     logprobs = probs.gather(-1, chosen[:, None]).squeeze(-1).log()
     if exact.any():
@@ -250,15 +257,17 @@ def _choose(logits: torch.Tensor, row_job: list[int], jobs: list[SampleJob]) -> 
 class _HFDecoder:
     """Decode steps through the model's own forward and a ``GrowingCache``: any causal LM transformers loads."""
 
-    def __init__(self, model: torch.nn.Module, padded: bool) -> None:
-        self.model, self.padded = model, padded
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
         self.cache: GrowingCache | None = None
         self.attention_mask = torch.empty(0)
+        self.padded = False  # whether any prompt is left-padded (else no mask is passed)
 
     def start(self, cache: GrowingCache, attention_mask: torch.Tensor, rows: torch.Tensor, capacity: int) -> None:
         self.cache = cache
         cache.batch_select_indices(rows)
         self.attention_mask = attention_mask[rows]  # (R, P)
+        self.padded = bool((attention_mask == 0).any())
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
