@@ -52,6 +52,9 @@ def test_overrides_parse_yaml_values_and_nest():
     (["data=/no/such/file.jsonl"], "data: file '/no/such/file.jsonl' does not exist"),
     (["steps"], "override 'steps': write key=value"),
     (["distributed=3"], "distributed"),
+    (["stream_minibatches=-1"], "stream_minibatches=-1"),
+    (["stream_minibatches=3", "num_substeps=2"], "a multiple of num_substeps=2"),
+    (["max_steps_off_policy=-1"], "max_steps_off_policy=-1"),
 ])
 def test_bad_config_names_the_key(overrides, named):
     with pytest.raises(ConfigurationError) as info:

@@ -267,6 +267,18 @@ def test_an_env_run_resumes_like_an_uninterrupted_one(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_env_batches_play_off_policy_beside_training(tmp_path):
+    # max_steps_off_policy=1: the next step's episodes play in a thread, with the previous step's weights, while
+    # this step trains; every later batch is one update old (the sampler/trainer KL is no longer ~0).
+    tokenizer = build_tiny_tokenizer()
+    train(loop_config(tmp_path, steps=3, max_steps_off_policy=1), RefineDataset(tokenizer))
+    metrics = loop_metrics(tmp_path)
+    assert [m["async/steps_off_policy"] for m in metrics] == [0, 1, 1]
+    assert abs(metrics[0]["optim/kl_sample_train_v1"]) < 1e-3
+    assert abs(metrics[1]["optim/kl_sample_train_v1"]) > 1e-3
+    assert all(m["env/all/turns"] == 2 for m in metrics)
+
+
 class HeldOutRefine(RefineDataset):
     def test_groups(self):
         return [RefineGroup(self.tokenizer, f"T{i}:", 1) for i in range(3)]
@@ -286,5 +298,7 @@ def test_what_the_loop_cannot_do_with_envs_is_refused_up_front(tmp_path):
         train(loop_config(tmp_path, curriculum={0: 1}), RefineDataset(tokenizer))
     with pytest.raises(ConfigurationError, match="no batches"):
         train(loop_config(tmp_path), RefineDataset(tokenizer, batches=0))
+    with pytest.raises(ConfigurationError, match="stream_minibatches applies to problem sources"):
+        train(loop_config(tmp_path, stream_minibatches=1), RefineDataset(tokenizer))
     with pytest.raises(ConfigurationError, match="max_turns"):
         loop_config(tmp_path, max_turns=0)

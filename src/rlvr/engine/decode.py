@@ -27,6 +27,7 @@ Not here: choosing tokens and stopping rows (``sampler.py``).
 
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -35,11 +36,53 @@ import torch.nn.functional as F
 
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
 PACK_MAX_BYTES = 2**30  # prepack the projections of models whose float32 projection weights fit in this
-PACKED_ROW_COUNTS = 1  # batch sizes whose packed weights are kept per model (each costs 2x the weights in memory)
 
 
-def _can_pack() -> bool:
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+def _pack_kinds() -> list[str]:
+    """The prepacked matmuls this torch offers: oneDNN's (any row count) and MKL's (one row count)."""
+    kinds = []
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        kinds.append("mkldnn")
+    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+        kinds.append("mkl")
+    return kinds
+
+
+def _pack(weight: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
+    if kind == "mkldnn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch.Tensor, bias, rows: int):
+    if kind == "mkldnn":
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return torch.ops.mkl._mkl_linear(x, packed, shape, bias, rows)
+
+
+def _fastest_pack(weight: torch.Tensor, rows: int) -> str:
+    """The prepacked matmul that multiplies ``rows`` rows by ``weight`` fastest here, or "" when a plain
+    ``F.linear`` is as fast. Machines differ: on 2 cores of a Xeon MKL's pack ran ~1.3x ``F.linear`` at 64 rows;
+    on an EPYC it ran slower than ``F.linear`` while oneDNN's ran 1.4x (and 2.7x on SmolLM2's output layer)."""
+    x = torch.randn(rows, weight.shape[1])
+    shape = torch.zeros(1, 1).expand(weight.shape)
+    candidates = {"": lambda: F.linear(x, weight)}
+    for kind in _pack_kinds():
+        packed = _pack(weight, kind, rows)
+        candidates[kind] = lambda kind=kind, packed=packed: _packed_linear(x, packed, kind, shape, None, rows)
+    best = {}
+    for kind, run in candidates.items():
+        run()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        best[kind] = min(times)
+    fastest = min(best, key=best.get)
+    if "mkldnn" in best and best["mkldnn"] <= 1.1 * best[fastest]:
+        return "mkldnn"  # within timing noise of the fastest, and it serves every row count
+    return fastest
 
 
 @dataclass
@@ -54,23 +97,24 @@ class _Adapter:
 class _Projections:
     """Linear maps that read the same input: base weights (and biases) and the LoRA adapters active on them.
 
-    With ``packed`` set, a batch of exactly ``pack_rows`` rows runs the fused base weights as one MKL matmul on
-    weights prepacked for that batch size (about 1.3x a plain ``F.linear`` at 64 rows on 2 cores); other batch sizes
-    use the module weights directly. The result is the same product either way.
+    With ``packed`` set, the fused base weights run as one matmul on weights prepacked for this machine's fastest
+    kernel (``pack_kind``: oneDNN's serves any row count, MKL's only batches of exactly ``pack_rows`` rows; other
+    batch sizes use the module weights directly). The result is the same product either way, up to rounding.
     """
 
     weights: list[torch.Tensor]
     biases: list[torch.Tensor | None]
     adapters: list[_Adapter]
     packed: torch.Tensor | None = None
+    pack_kind: str = ""
     pack_rows: int = 0
     pack_bias: torch.Tensor | None = None
     pack_shape: torch.Tensor | None = None  # (out, in), no storage: read by MKL only when the row count differs
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """All outputs side by side, (R, sum of output sizes), in the order of the modules."""
-        if self.packed is not None and x.shape[0] == self.pack_rows:
-            out = torch.ops.mkl._mkl_linear(x, self.packed, self.pack_shape, self.pack_bias, self.pack_rows)
+        if self.packed is not None and (self.pack_kind == "mkldnn" or x.shape[0] == self.pack_rows):
+            out = _packed_linear(x, self.packed, self.pack_kind, self.pack_shape, self.pack_bias, self.pack_rows)
         elif len(self.weights) == 1:
             out = F.linear(x, self.weights[0], self.biases[0])
         else:
@@ -121,23 +165,29 @@ def _projections(modules: list[torch.nn.Module]) -> _Projections:
     return _Projections(weights, biases, adapters)
 
 
-# Packed weights per base model (weakly held, so they go with the model): {row count: [packed per projection]}.
-_PACKS: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, list[torch.Tensor]]] = weakref.WeakKeyDictionary()
+# Packed weights per base model (weakly held, so they go with the model): (kind, row count, packed per projection).
+_PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, int, list[torch.Tensor]]] = weakref.WeakKeyDictionary()
 
 
 def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], rows: int) -> None:
-    """Give ``projections`` their base weights fused and prepacked for ``rows``-row batches (built on first use,
-    about 0.5 s and 1.1 GB of memory for SmolLM2; kept for the last ``PACKED_ROW_COUNTS`` row counts)."""
+    """Give ``projections`` their base weights fused and prepacked for this machine's fastest matmul (chosen by
+    timing on the first batch; about 0.5 s and one more copy of the weights for SmolLM2). oneDNN's packs serve
+    every batch; MKL's are for one row count and are rebuilt when a batch of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)
-    if not _can_pack() or size > PACK_MAX_BYTES:
+    if not _pack_kinds() or size > PACK_MAX_BYTES:
         return
-    packs = _PACKS.setdefault(causal_lm, {})
-    if rows not in packs:
-        while len(packs) >= PACKED_ROW_COUNTS:
-            del packs[next(iter(packs))]
-        packs[rows] = [torch.ops.mkl._mkl_reorder_linear_weight(torch.cat(p.weights), rows) for p in projections]
-    for projection, packed in zip(projections, packs[rows], strict=True):
-        projection.packed, projection.pack_rows = packed, rows
+    kind, packed_rows, packs = _PACKS.get(causal_lm, (None, 0, []))
+    if kind is None:
+        kind = _fastest_pack(torch.cat(projections[0].weights), max(rows, 16))
+    if kind and (not packs or (kind == "mkl" and packed_rows != rows)):
+        packs.clear()  # free the old packs before building new ones
+        packs = [_pack(torch.cat(p.weights), kind, rows) for p in projections]
+        packed_rows = rows
+    _PACKS[causal_lm] = (kind, packed_rows, packs)
+    if not kind:
+        return
+    for projection, packed in zip(projections, packs, strict=True):
+        projection.packed, projection.pack_kind, projection.pack_rows = packed, kind, packed_rows
         out = sum(w.shape[0] for w in projection.weights)
         projection.pack_shape = torch.zeros(1, 1).expand(out, projection.weights[0].shape[1])
         if projection.biases[0] is not None:
@@ -217,8 +267,8 @@ class LlamaDecoder:
         _attach_packs(self.causal_lm, [*projections, self.head], len(rows))
         self.keys, self.values = [], []
         for layer in prompt_cache.layers:
-            keys = layer.keys.new_empty((len(rows), self.num_kv_heads, capacity, self.head_dim))
-            values = torch.empty_like(keys)
+            keys = layer.keys.new_zeros((len(rows), self.num_kv_heads, capacity, self.head_dim))
+            values = torch.zeros_like(keys)
             keys[:, :, :width] = layer.keys[rows]
             values[:, :, :width] = layer.values[rows]
             self.keys.append(keys)

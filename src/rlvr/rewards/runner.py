@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import math
 import multiprocessing
@@ -106,6 +107,20 @@ class BatchScores:
     def failed(self) -> int:
         """Items without a score."""
         return sum(s is None for s in self.scores)
+
+    @classmethod
+    def concat(cls, batches: Sequence[BatchScores]) -> BatchScores:
+        """One batch of these batches' items, in order (failures re-indexed; durations added)."""
+        out, offset = cls([]), 0
+        for batch in batches:
+            out.failures += [dataclasses.replace(f, index=f.index + offset) for f in batch.failures]
+            for name in set(out.parts) | set(batch.parts):
+                out.parts[name] = (out.parts.get(name, [None] * offset)
+                                   + batch.parts.get(name, [None] * len(batch.scores)))
+            out.scores += batch.scores
+            out.duration_s += batch.duration_s
+            offset += len(batch.scores)
+        return out
 
     def values(self, fill: float = math.nan) -> list[float]:
         """The scores with ``fill`` (NaN by default) where an item failed."""

@@ -81,6 +81,16 @@ class LoopConfig:
     """AdamW learning rate."""
     num_substeps: int = 1
     """Optimizer steps per batch; the datums are split into this many minibatches."""
+    stream_minibatches: int = 0
+    """Streaming (0 = off): the step's problems are split into this many minibatches, and each is trained on (its
+    forward_backward sent) as soon as its groups are sampled and scored, while later ones still sample; an
+    optim_step follows every ``stream_minibatches / num_substeps`` of them. With ``num_substeps=1`` the update
+    equals the synchronous one. Problem sources only."""
+    max_steps_off_policy: int = 0
+    """Asynchronous off-policy sampling (0 = synchronous): the rollouts of this many later steps are in flight, each
+    sampled with the weights of the step that started it, while the current step trains; a batch is at most this
+    many updates old when it trains (the importance-sampling losses correct for it). A resume samples the batches
+    that were in flight again, from the checkpoint's weights."""
     kl_penalty_coef: float = 0.0
     """Weight of the per-token KL penalty to the base model inside the advantages (0 = disabled)."""
     entropy_coef: float = 0.0
@@ -126,6 +136,14 @@ class LoopConfig:
                 raise ConfigurationError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.num_substeps < 1:
             raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
+        if self.max_steps_off_policy < 0:
+            raise ConfigurationError(f"max_steps_off_policy={self.max_steps_off_policy}: must be >= 0 "
+                                     "(0 = synchronous)")
+        streams = self.stream_minibatches
+        if streams and not (0 < streams <= self.problems_per_step and streams % self.num_substeps == 0):
+            raise ConfigurationError(f"stream_minibatches={self.stream_minibatches}: must be 0 (off) or at most "
+                                     f"problems_per_step={self.problems_per_step} and a multiple of num_substeps="
+                                     f"{self.num_substeps}")
         if self.curriculum and (min(self.curriculum) != 0 or any(int(s) != s for s in self.curriculum)):
             raise ConfigurationError(f"curriculum={self.curriculum}: keys are the steps each stage starts at, "
                                      "integers, the first 0 (e.g. {0: 1, 10: 2})")

@@ -1,24 +1,31 @@
-"""The synchronous RLVR loop over a problem source or an env dataset: roll out groups, score, centre, train, log, save.
+"""The RLVR loop over a problem source or an env dataset: roll out groups, score, centre, train, log, save.
 
 Setup, then one ``for step`` whose body is a series of paragraphs, each a phase: refresh and check the sampler,
-roll out, score (in killable workers: a reward that hangs or raises is counted, not scored 0), advantages, datums,
-train, log, checkpoint. It drives only the client API, so the same loop runs on the in-process engine or a server.
+start rollouts, collect and score them (in killable workers: a reward that hangs or raises is counted, not scored
+0), advantages, datums, train, log, checkpoint. It drives only the client API, so the same loop runs on the
+in-process engine or a server.
+
+Synchronous by default. ``stream_minibatches`` trains each part of a step's problems as soon as it is scored while
+later parts still sample; ``max_steps_off_policy`` keeps later steps' rollouts in flight (sampled with older
+weights) while the current step trains. Both send training calls without waiting, so the engine works through
+them while the loop collects and scores the next part.
 
 A curriculum (``LoopConfig.curriculum``) narrows each step's problems to a difficulty stage. The algorithm objects
 of the TenSafe cookbook live in ``algorithms``, the rollout pages in ``rollouts``.
 
 With an env dataset (``envs.RLDataset``) each group is played turn by turn and the envs score themselves; its
 ``test_groups`` are the held-out evaluation, and the curriculum belongs to problem sources. Truncated importance
-weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``). Not yet here (the RL-loop
-issue lists them): streaming and asynchronous off-policy modes.
+weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +34,7 @@ import rlvr
 from rlvr import types
 from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.rewards import RewardItem, RewardRunner
+from rlvr.rewards.runner import BatchScores
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
 from rlvr.rl.config import DistributedConfig, LoopConfig, save_config
@@ -129,9 +137,12 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
             return evaluate_envs(sampler, test_groups, config.max_tokens, config.max_turns) if test_groups else {}
         return evaluate(sampler, tokenizer, source, test_problems, runner, config.max_tokens)
 
-    with runner or contextlib.nullcontext(), open_trackers(config.trackers, run_dir, asdict(config)) as tracker:
+    env_threads = ThreadPoolExecutor(1, thread_name_prefix="rlvr-env-rollouts")  # env rollouts in step order
+    with runner or contextlib.nullcontext(), open_trackers(config.trackers, run_dir, asdict(config)) as tracker, \
+            env_threads:
         if start_step == 0 and (before := held_out(training_client.save_weights_and_get_sampling_client())):
             results["before"] = before
+        in_flight: collections.deque[_InFlight] = collections.deque()  # rollouts started, oldest first
         for step in range(start_step, config.steps):
             t_start = time.time()
             metrics: dict[str, float] = {}
@@ -141,73 +152,99 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
             metrics["sampler/max_logprob_gap"] = check_sampler_fresh(training_client, sampler, probe,
                                                                      config.sampler_tolerance)
 
-            # Roll out and score: group_size answers per problem (of the curriculum's stage), scored in killable
-            # workers (a failure is counted, never scored 0); or every env of the step's groups, turn by turn.
-            params = types.SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature,
-                                          seed=rng.randrange(2**31))
-            if envs:
-                rollout = _env_rollout(source.get_batch(step % len(source)), sampler, params, config, tokenizer,
-                                       t_start)
-            else:
-                pool = curriculum_problems(train_problems, config.curriculum, step)
-                first = step * config.problems_per_step
-                problems = [pool[(first + i) % len(pool)] for i in range(config.problems_per_step)]
-                if config.curriculum:
-                    metrics["curriculum/max_difficulty"] = max(p.difficulty for p in pool)
-                rollout = _problem_rollout(source, problems, sampler, params, runner, config, tokenizer, t_start)
-            metrics.update(rollout.metrics)
+            # Start rollouts with this sampler: this step's (synchronous), or, off-policy, the one
+            # max_steps_off_policy steps ahead, so that many later batches sample while this one trains. Problem
+            # rollouts are requests in flight (scored when collected); env rollouts play in a thread.
+            started = in_flight[-1].step + 1 if in_flight else step
+            for ahead in range(started, min(step + config.max_steps_off_policy, config.steps - 1) + 1):
+                params = types.SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature,
+                                              seed=rng.randrange(2**31))
+                if envs:
+                    in_flight.append(_InFlight(ahead, step, [env_threads.submit(
+                        _env_rollout, source.get_batch(ahead % len(source)), sampler, params, config, tokenizer)]))
+                else:
+                    pool = curriculum_problems(train_problems, config.curriculum, ahead)
+                    first = ahead * config.problems_per_step
+                    problems = [pool[(first + i) % len(pool)] for i in range(config.problems_per_step)]
+                    parts = config.stream_minibatches or 1
+                    in_flight.append(_InFlight(ahead, step, [
+                        _start_problems(source, problems[i * len(problems) // parts:(i + 1) * len(problems) // parts],
+                                        sampler, params, config.group_size, tokenizer) for i in range(parts)],
+                        max(p.difficulty for p in pool) if config.curriculum else None))
+            batch = in_flight.popleft()
+            metrics["async/steps_off_policy"] = step - batch.weights_step
+            if batch.max_difficulty is not None:
+                metrics["curriculum/max_difficulty"] = batch.max_difficulty
 
-            # Advantages within each group; groups with equal (or failed) rewards carry no signal.
-            datums, masks, rewards_by_group, advantages = [], [], [], []
-            for trajectories, rewards_G in zip(rollout.trajectories, rollout.rewards, strict=True):
-                if any(r is None for r in rewards_G):
-                    advantages += [None] * len(rewards_G)
-                    continue
-                rewards_by_group.append(rewards_G)
-                advantages_G = group_advantages(rewards_G, config.normalize_advantages)
-                advantages += advantages_G
-                if is_constant(rewards_G):
-                    continue
-                for trajectory, advantage in zip(trajectories, advantages_G, strict=True):
-                    for datum, mask in trajectory_datums(trajectory, advantage, config.entropy_coef):
-                        datums.append(datum)
-                        masks.append(mask)
-            metrics.update(group_outcomes(rewards_by_group))
-            if rollout_log is not None:  # every answer with its reward and advantage, as JSONL and an HTML page
-                rollout_log.write(step, [{**r, "advantage": a} for r, a in zip(rollout.records, advantages,
-                                                                               strict=True)])
-            if reference is not None and datums:  # KL penalty: base-model logprobs of the same tokens
-                futures = [reference.compute_logprobs(types.ModelInput.from_ints(
-                    d.model_input.to_ints() + d.loss_fn_inputs["target_tokens"].tolist()[-1:])) for d in datums]
-                base = [f.result()[1:] for f in futures]
-                datums, kl_metrics = apply_kl_penalty(datums, masks, base, config.kl_penalty_coef)
-                metrics.update(kl_metrics)
-
-            # Train: num_substeps minibatches, each a forward_backward and an optim_step.
+            # Collect, score, centre, train: each part of the batch (one unless streaming) as soon as it is
+            # scored, while later parts still sample. Groups with equal (or failed) rewards carry no signal.
+            t_sample, t_reward = time.time() - t_start, 0.0
+            rollouts, rewards_by_group, records, sent, optims, unapplied = [], [], [], [], [], False
+            for pending, optim_after in _minibatches(batch.parts, config.num_substeps):
+                t0 = time.time()
+                rollout = pending.result() if envs else _collect_problems(pending, runner, tokenizer)
+                t_sample += max(0.0, time.time() - t0 - rollout.reward_s)  # (an env thread may have finished early)
+                t_reward += rollout.reward_s
+                rollouts.append(rollout)
+                datums, masks, advantages = [], [], []
+                for trajectories, rewards_G in zip(rollout.trajectories, rollout.rewards, strict=True):
+                    if any(r is None for r in rewards_G):
+                        advantages += [None] * len(rewards_G)
+                        continue
+                    rewards_by_group.append(rewards_G)
+                    advantages_G = group_advantages(rewards_G, config.normalize_advantages)
+                    advantages += advantages_G
+                    if is_constant(rewards_G):
+                        continue
+                    for trajectory, advantage in zip(trajectories, advantages_G, strict=True):
+                        for datum, mask in trajectory_datums(trajectory, advantage, config.entropy_coef):
+                            datums.append(datum)
+                            masks.append(mask)
+                records += [{**r, "advantage": a} for r, a in zip(rollout.records, advantages, strict=True)]
+                if reference is not None and datums:  # KL penalty: base-model logprobs of the same tokens
+                    futures = [reference.compute_logprobs(types.ModelInput.from_ints(
+                        d.model_input.to_ints() + d.loss_fn_inputs["target_tokens"].tolist()[-1:])) for d in datums]
+                    base = [f.result()[1:] for f in futures]
+                    datums, kl_metrics = apply_kl_penalty(datums, masks, base, config.kl_penalty_coef)
+                    metrics.update(kl_metrics)
+                # Train: a forward_backward per minibatch and an optim_step after each substep's minibatches,
+                # sent without waiting (the engine runs them in order while the next part is collected).
+                for chunk, chunk_masks, optim_now in _substeps(datums, masks, optim_after, config.num_substeps):
+                    if chunk:
+                        sent.append((training_client.forward_backward(chunk, config.loss_fn,
+                                                                      config.loss_fn_config or None),
+                                     chunk, chunk_masks))
+                        unapplied = True
+                    if optim_now and unapplied:
+                        optims.append(training_client.optim_step(adam))
+                        unapplied = False
             t_train = time.time()
-            if datums:
-                size = -(-len(datums) // config.num_substeps)
-                for k in range(0, len(datums), size):
-                    fwd = training_client.forward_backward(datums[k:k + size], config.loss_fn,
-                                                           config.loss_fn_config or None)
-                    opt = training_client.optim_step(adam)
-                    out = fwd.result()
-                    trained = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
-                    metrics.update({f"optim/{key}": v for key, v in out.metrics.items()})
-                    optim = opt.result().metrics
-                    metrics["optim/grad_norm"] = optim["grad_norm:mean"]
-                    metrics["optim/lr"] = optim["learning_rate:mean"]
-                    if k == 0:  # before this step's update: the sampler/trainer comparison
-                        sampled = [d.loss_fn_inputs["logprobs"].tolist() for d in datums[:size]]
-                        metrics.update(sample_train_metrics(trained, sampled, masks[:size]))
-            metrics["train/datums"] = len(datums)
-            metrics["time/train"] = time.time() - t_train
+            for i, (fwd, chunk, chunk_masks) in enumerate(sent):
+                out = fwd.result()
+                metrics.update({f"optim/{key}": v for key, v in out.metrics.items()})
+                if i == 0:  # sent before this step's first update: the sampler/trainer comparison
+                    metrics.update(sample_train_metrics([o["logprobs"].tolist() for o in out.loss_fn_outputs],
+                                                        [d.loss_fn_inputs["logprobs"].tolist() for d in chunk],
+                                                        chunk_masks))
+            for opt in optims:
+                optim = opt.result().metrics
+                metrics["optim/grad_norm"] = optim["grad_norm:mean"]
+                metrics["optim/lr"] = optim["learning_rate:mean"]
+            metrics.update(_rollout_metrics(rollouts))
+            metrics.update(group_outcomes(rewards_by_group))
+            metrics["time/sample"] = t_sample
+            metrics["time/reward"] = t_reward
+            if rollout_log is not None:  # every answer with its reward and advantage, as JSONL and an HTML page
+                rollout_log.write(step, records)
+            datum_count = sum(len(chunk) for _, chunk, _ in sent)
+            metrics["train/datums"] = datum_count
+            metrics["time/train"] = time.time() - t_train  # what training took beyond the rollouts' time
 
             # Log, evaluate, checkpoint.
             if config.eval_every and (step + 1) % config.eval_every == 0:
                 metrics.update(held_out(training_client.save_weights_and_get_sampling_client()))
             metrics["time/total"] = time.time() - t_start
-            metrics["tokens_per_s"] = rollout.sampled_tokens / metrics["time/total"]
+            metrics["tokens_per_s"] = sum(r.sampled_tokens for r in rollouts) / metrics["time/total"]
             if hasattr(service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
                 metrics.update(service.distributed_metrics())
             tracker.log(metrics, step)
@@ -227,7 +264,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
 
 @dataclass
 class _Rollout:
-    """One step's rollouts, scored: what the rest of the step trains on and logs."""
+    """Rollouts of some groups, scored: what the rest of the step trains on and logs."""
 
     trajectories: list[list[Trajectory]]
     """Per group, its trajectories."""
@@ -237,61 +274,111 @@ class _Rollout:
     """Rollout-log records, one per trajectory in group order, without their advantage."""
     sampled_tokens: int
     """Tokens sampled in all."""
-    metrics: dict[str, float]
-    """``env/all/...`` and ``time/sample|reward``."""
+    reward_s: float
+    """Seconds spent scoring (for envs: in their ``step`` calls)."""
+    scores: BatchScores | None = None
+    """Problem rollouts: the reward runner's scores, one per answer in group order."""
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Env rollouts: their ``env/all/...`` metrics."""
 
 
-def _problem_rollout(source: ProblemSource, problems: list[Problem], sampler: Any, params: types.SamplingParams,
-                     runner: RewardRunner, config: LoopConfig, tokenizer: Any, t_start: float) -> _Rollout:
-    """``group_size`` answers per problem, all requests in flight together, scored in killable workers."""
+@dataclass
+class _InFlight:
+    """One step's rollouts, started: problem rollouts as parts of requests in flight (several when streaming),
+    env rollouts as one thread's future."""
+
+    step: int
+    """The step it is for."""
+    weights_step: int
+    """The step whose weights sample it."""
+    parts: list[Any]
+    max_difficulty: float | None = None
+
+
+@dataclass
+class _PendingProblems:
+    problems: list[Problem]
+    prompts: list[list[int]]
+    futures: list[Any]
+
+
+def _start_problems(source: ProblemSource, problems: list[Problem], sampler: Any, params: types.SamplingParams,
+                    group_size: int, tokenizer: Any) -> _PendingProblems:
+    """Send ``group_size`` sampling requests per problem without waiting for them."""
     prompts = [source.render_ids(p, tokenizer) for p in problems]
-    futures = [sampler.sample(types.ModelInput.from_ints(p), config.group_size, params) for p in prompts]
-    groups = [f.result().sequences for f in futures]
-    metrics = {"time/sample": time.time() - t_start}  # the sampler refresh and check included
+    futures = [sampler.sample(types.ModelInput.from_ints(p), group_size, params) for p in prompts]
+    return _PendingProblems(problems, prompts, futures)
 
+
+def _collect_problems(pending: _PendingProblems, runner: RewardRunner, tokenizer: Any) -> _Rollout:
+    """Wait for the answers and score them in killable workers (a failure is counted, never scored 0)."""
+    groups = [f.result().sequences for f in pending.futures]
     t_reward = time.time()
     items = [RewardItem(p.question, tokenizer.decode(s.tokens, skip_special_tokens=True), p.reward_meta())
-             for p, seqs in zip(problems, groups, strict=True) for s in seqs]
+             for p, seqs in zip(pending.problems, groups, strict=True) for s in seqs]
     scores = runner.score(items)
-    metrics.update(scores.metrics("env/all/reward"))
+    G = len(groups[0])
+    trajectories = [[Trajectory([Transition(prompt, list(s.tokens), list(s.logprobs), scores.scores[g * G + i] or 0.0)])
+                     for i, s in enumerate(seqs)]
+                    for g, (prompt, seqs) in enumerate(zip(pending.prompts, groups, strict=True))]
+    failures: dict[int, list[str]] = {}
+    for failure in scores.failures:
+        failures.setdefault(failure.index, []).append(f"{failure.reward} {failure.kind}: {failure.message}")
+    prompt_texts = [tokenizer.decode(p) for p in pending.prompts]
+    records = [{"problem_id": pending.problems[i // G].id, "prompt": prompt_texts[i // G], "response": item.response,
+                "reward": scores.scores[i], "parts": {name: values[i] for name, values in scores.parts.items()},
+                "failure": "; ".join(failures[i]) if i in failures else None}
+               for i, item in enumerate(items)]
+    rewards = [scores.scores[g * G:(g + 1) * G] for g in range(len(groups))]
+    sampled = sum(len(s.tokens) for seqs in groups for s in seqs)
+    return _Rollout(trajectories, rewards, records, sampled, time.time() - t_reward, scores)
+
+
+def _rollout_metrics(rollouts: list[_Rollout]) -> dict[str, float]:
+    """``env/all/...`` over all of a step's rollouts."""
+    if rollouts[0].scores is None:  # envs: one rollout, its own metrics
+        return rollouts[0].metrics
+    scores = BatchScores.concat([r.scores for r in rollouts])
+    metrics = scores.metrics("env/all/reward")
     scored = [v for v in scores.scores if v is not None]
     for part in ("correct", "format"):  # the parts of format_correct, or: solved = full reward
         values = [v for v in scores.parts.get(part, []) if v is not None]
         if values:
             metrics[f"env/all/{part}"] = sum(values) / len(values)
     metrics.setdefault("env/all/correct", sum(v >= 1.0 for v in scored) / max(len(scored), 1))
-    metrics["time/reward"] = time.time() - t_reward
-    sampled = sum(len(s.tokens) for seqs in groups for s in seqs)
-    metrics["env/all/ac_tokens_per_turn"] = sampled / len(items)
-
-    G = config.group_size
-    trajectories = [[Trajectory([Transition(prompt, list(s.tokens), list(s.logprobs), scores.scores[g * G + i] or 0.0)])
-                     for i, s in enumerate(seqs)] for g, (prompt, seqs) in enumerate(zip(prompts, groups, strict=True))]
-    failures: dict[int, list[str]] = {}
-    for failure in scores.failures:
-        failures.setdefault(failure.index, []).append(f"{failure.reward} {failure.kind}: {failure.message}")
-    prompt_texts = [tokenizer.decode(p) for p in prompts]
-    records = [{"problem_id": problems[i // G].id, "prompt": prompt_texts[i // G], "response": item.response,
-                "reward": scores.scores[i], "parts": {name: values[i] for name, values in scores.parts.items()},
-                "failure": "; ".join(failures[i]) if i in failures else None}
-               for i, item in enumerate(items)]
-    rewards = [scores.scores[g * G:(g + 1) * G] for g in range(len(problems))]
-    return _Rollout(trajectories, rewards, records, sampled, metrics)
+    metrics["env/all/ac_tokens_per_turn"] = sum(r.sampled_tokens for r in rollouts) / len(scores.scores)
+    return metrics
 
 
-def _env_rollout(builders: Any, sampler: Any, params: types.SamplingParams, config: LoopConfig, tokenizer: Any,
-                 t_start: float) -> _Rollout:
+def _minibatches(parts: list[Any], num_substeps: int) -> list[tuple[Any, bool]]:
+    """Each part of a batch with whether an optim_step follows it: when streaming, after every
+    ``len(parts) / num_substeps`` parts; otherwise the one part's datums are split into the substeps."""
+    if len(parts) == 1:
+        return [(parts[0], True)]
+    per_substep = len(parts) // num_substeps
+    return [(part, (i + 1) % per_substep == 0) for i, part in enumerate(parts)]
+
+
+def _substeps(datums: list, masks: list, optim_after: bool, num_substeps: int) -> list[tuple[list, list, bool]]:
+    """A part's datums as (minibatch, masks, optim_step after it): streamed parts are one minibatch each; an
+    unstreamed batch is split into ``num_substeps`` minibatches, each followed by an optim_step."""
+    if not optim_after or num_substeps == 1 or not datums:
+        return [(datums, masks, optim_after)]
+    size = -(-len(datums) // num_substeps)
+    return [(datums[k:k + size], masks[k:k + size], True) for k in range(0, len(datums), size)]
+
+
+def _env_rollout(builders: Any, sampler: Any, params: types.SamplingParams, config: LoopConfig,
+                 tokenizer: Any) -> _Rollout:
     """Every env of the step's groups played to the end (or ``max_turns``); rewards are the envs' own."""
     timing: dict[str, float] = {}
     groups = rollout_groups(sampler, builders, params, max_turns=config.max_turns, seed=params.seed, timing=timing)
-    elapsed = time.time() - t_start
     trajectories = [g.trajectories for g in groups]
     rewards: list[list[float | None]] = [list(g.total_rewards()) for g in groups]
     flat = [r for rewards_G in rewards for r in rewards_G]
     turns = [t for group in trajectories for trajectory in group for t in trajectory.transitions]
     sampled = sum(len(t.action) for t in turns)
-    metrics = {"time/sample": elapsed - timing["env"], "time/reward": timing["env"],
-               "env/all/reward/mean": sum(flat) / len(flat), "env/all/correct": sum(r >= 1.0 for r in flat) / len(flat),
+    metrics = {"env/all/reward/mean": sum(flat) / len(flat), "env/all/correct": sum(r >= 1.0 for r in flat) / len(flat),
                "env/all/turns": len(turns) / len(flat), "env/all/ac_tokens_per_turn": sampled / len(turns),
                "env/all/unfinished": sum(not t.finished for g in trajectories for t in g) / len(flat)}
     for key in sorted({k for t in turns for k in t.metrics}):  # the envs' own numbers, averaged over turns
@@ -302,7 +389,7 @@ def _env_rollout(builders: Any, sampler: Any, params: types.SamplingParams, conf
                 "failure": None if t.finished else f"cut at max_turns={config.max_turns}"}
                for b, (builder, group, rewards_G) in enumerate(zip(builders, groups, rewards, strict=True))
                for t, r in zip(group.trajectories, rewards_G, strict=True)]
-    return _Rollout(trajectories, rewards, records, sampled, metrics)
+    return _Rollout(trajectories, rewards, records, sampled, timing["env"], metrics=metrics)
 
 
 def _conversation(trajectory: Trajectory, tokenizer: Any) -> str:
@@ -320,6 +407,9 @@ def _check_env_dataset(config: LoopConfig, dataset: RLDataset) -> None:
         raise ConfigurationError(f"{type(dataset).__name__} has no batches; an env dataset needs at least one")
     if config.curriculum:
         raise ConfigurationError("curriculum applies to problem sources; an env dataset orders its own batches")
+    if config.stream_minibatches:
+        raise ConfigurationError("stream_minibatches applies to problem sources; an env dataset's groups are played "
+                                 "turn by turn together (use max_steps_off_policy to overlap them with training)")
     if config.distributed.backend != "local":
         raise ConfigurationError("distributed.backend='ray' takes problem sources; envs run in this process")
 
