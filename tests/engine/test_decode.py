@@ -35,9 +35,9 @@ def reference_logits(model, sequence: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("adapter", [None, "a"])
 @pytest.mark.parametrize("packed", ["", "mkldnn", "mkl"])
 def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
-    if packed and packed not in decode._pack_kinds():
+    if packed and packed not in decode.pack_kinds():
         pytest.skip(f"this torch has no {packed} packed matmul")
-    monkeypatch.setattr(decode, "_fastest_pack", lambda weight, rows: packed)  # each kernel, whatever is fastest
+    monkeypatch.setattr(decode, "fastest_kind", lambda use, weight, rows: packed)  # each kernel, whatever is fastest
     monkeypatch.setattr(decode, "_PACKS", decode.weakref.WeakKeyDictionary())
     prompts = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
     rows = torch.tensor([0, 0, 1, 2, 2, 2])  # prompts repeated per sample, as the sampler lays them out

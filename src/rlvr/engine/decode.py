@@ -27,62 +27,15 @@ Not here: choosing tokens and stopping rows (``sampler.py``).
 
 from __future__ import annotations
 
-import time
 import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from rlvr.engine.packed import PACK_MAX_BYTES, fastest_kind, pack, pack_kinds, packed_linear
+
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
-PACK_MAX_BYTES = 2**30  # prepack the projections of models whose float32 projection weights fit in this
-
-
-def _pack_kinds() -> list[str]:
-    """The prepacked matmuls this torch offers: oneDNN's (any row count) and MKL's (one row count)."""
-    kinds = []
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        kinds.append("mkldnn")
-    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
-        kinds.append("mkl")
-    return kinds
-
-
-def _pack(weight: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
-    if kind == "mkldnn":
-        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-    return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
-
-
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch.Tensor, bias, rows: int):
-    if kind == "mkldnn":
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return torch.ops.mkl._mkl_linear(x, packed, shape, bias, rows)
-
-
-def _fastest_pack(weight: torch.Tensor, rows: int) -> str:
-    """The prepacked matmul that multiplies ``rows`` rows by ``weight`` fastest here, or "" when a plain
-    ``F.linear`` is as fast. Machines differ: on 2 cores of a Xeon MKL's pack ran ~1.3x ``F.linear`` at 64 rows;
-    on an EPYC it ran slower than ``F.linear`` while oneDNN's ran 1.4x (and 2.7x on SmolLM2's output layer)."""
-    x = torch.randn(rows, weight.shape[1])
-    shape = torch.zeros(1, 1).expand(weight.shape)
-    candidates = {"": lambda: F.linear(x, weight)}
-    for kind in _pack_kinds():
-        packed = _pack(weight, kind, rows)
-        candidates[kind] = lambda kind=kind, packed=packed: _packed_linear(x, packed, kind, shape, None, rows)
-    best = {}
-    for kind, run in candidates.items():
-        run()
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        best[kind] = min(times)
-    fastest = min(best, key=best.get)
-    if "mkldnn" in best and best["mkldnn"] <= 1.1 * best[fastest]:
-        return "mkldnn"  # within timing noise of the fastest, and it serves every row count
-    return fastest
 
 
 @dataclass
@@ -114,7 +67,7 @@ class _Projections:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """All outputs side by side, (R, sum of output sizes), in the order of the modules."""
         if self.packed is not None and (self.pack_kind == "mkldnn" or x.shape[0] == self.pack_rows):
-            out = _packed_linear(x, self.packed, self.pack_kind, self.pack_shape, self.pack_bias, self.pack_rows)
+            out = packed_linear(x, self.packed, self.pack_kind, self.pack_shape, self.pack_bias, self.pack_rows)
         elif len(self.weights) == 1:
             out = F.linear(x, self.weights[0], self.biases[0])
         else:
@@ -174,14 +127,14 @@ def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], r
     timing on the first batch; about 0.5 s and one more copy of the weights for SmolLM2). oneDNN's packs serve
     every batch; MKL's are for one row count and are rebuilt when a batch of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)
-    if not _pack_kinds() or size > PACK_MAX_BYTES:
+    if not pack_kinds() or size > PACK_MAX_BYTES:
         return
     kind, packed_rows, packs = _PACKS.get(causal_lm, (None, 0, []))
     if kind is None:
-        kind = _fastest_pack(torch.cat(projections[0].weights), max(rows, 16))
+        kind = fastest_kind("decode", torch.cat(projections[0].weights), max(rows, 16))
     if kind and (not packs or (kind == "mkl" and packed_rows != rows)):
         packs.clear()  # free the old packs before building new ones
-        packs = [_pack(torch.cat(p.weights), kind, rows) for p in projections]
+        packs = [pack(torch.cat(p.weights), kind, rows) for p in projections]
         packed_rows = rows
     _PACKS[causal_lm] = (kind, packed_rows, packs)
     if not kind:

@@ -19,6 +19,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
 from rlvr.engine.models import LoadedModel
+from rlvr.engine.packed import pack_frozen_linears
 from rlvr.errors import ConfigurationError
 
 # Module names per trainable group, for Llama-style models (SmolLM2, tiny, Llama, Qwen, Mistral ...).
@@ -62,6 +63,7 @@ class AdapterHost:
 
     def __init__(self, base: LoadedModel) -> None:
         self.base = base
+        pack_frozen_linears(base.model)  # base weights never train here: prepacked matmuls where they are faster
         self.peft: PeftModel | None = None
         self.specs: dict[str, LoraSpec] = {}
         self._retired: list[str] = []  # snapshot adapters no sampler uses, kept for ``copy`` to reuse

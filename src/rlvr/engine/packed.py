@@ -1,0 +1,123 @@
+"""Matmuls on prepacked weights: the fastest float32 kernel this machine has, for weights that do not train.
+
+A base model's weights never change while rlvr trains LoRA adapters on it, so they can be reordered once into the
+layout a BLAS kernel reads fastest. torch offers two such kernels on CPU: oneDNN's (``mkldnn._linear_pointwise``,
+any row count) and MKL's (``mkl._mkl_linear``, one row count fixed at packing). Which wins depends on the machine:
+on 2 cores of a Xeon MKL's pack ran ~1.3x a plain ``F.linear`` at 64 rows; on an EPYC MKL's pack ran slower than
+``F.linear`` while oneDNN's ran 1.4-2x (2.7x on SmolLM2's output layer) at 64 rows and 1.5x at 2000. So the kernel
+is chosen by timing, once per process (every model of a process then rounds the same way).
+
+Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer's forward and
+backward (``pack_frozen_linears`` gives every frozen ``nn.Linear`` of a model a packed weight and its packed
+transpose, so both the forward product and the input gradient run on oneDNN).
+
+Not here: which weights are fused (``decode.py``), LoRA (``lora.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+PACK_MAX_BYTES = 2**30  # pack only models whose float32 linear weights fit in this (each pack is one more copy)
+_CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
+
+
+def pack_kinds() -> list[str]:
+    """The prepacked matmuls this torch offers: oneDNN's (any row count) and MKL's (one row count)."""
+    kinds = []
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        kinds.append("mkldnn")
+    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+        kinds.append("mkl")
+    return kinds
+
+
+def pack(weight: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
+    """``weight`` (out, in) reordered for ``kind``'s kernel; ``rows``: the batch size it is tuned (MKL: fixed) for."""
+    if kind == "mkldnn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch.Tensor | None,
+                  bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D ``x`` on ``pack(weight, kind, rows)``. MKL needs ``x`` to have exactly
+    ``rows`` rows and ``shape``, a storage-less tensor of the weight's shape."""
+    if kind == "mkldnn":
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return torch.ops.mkl._mkl_linear(x, packed, shape, bias, rows)
+
+
+def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
+    """The kernel that multiplies ``rows`` rows by ``weight`` fastest here among ``kinds`` (default: all), or ""
+    when a plain ``F.linear`` is as fast. Timed on the first call for ``use``, then the same answer for the rest of
+    the process. oneDNN's pack wins ties within 10%: it serves every row count."""
+    if use not in _CHOSEN:
+        x = torch.randn(rows, weight.shape[1])
+        shape = torch.zeros(1, 1).expand(weight.shape)
+        candidates = {"": lambda: F.linear(x, weight)}
+        for kind in pack_kinds() if kinds is None else [k for k in kinds if k in pack_kinds()]:
+            packed = pack(weight, kind, rows)
+            candidates[kind] = lambda kind=kind, packed=packed: packed_linear(x, packed, kind, shape, None, rows)
+        best = {}
+        with torch.no_grad():
+            for kind, run in candidates.items():
+                run()
+                times = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    run()
+                    times.append(time.perf_counter() - start)
+                best[kind] = min(times)
+        fastest = min(best, key=best.get)
+        _CHOSEN[use] = "mkldnn" if "mkldnn" in best and best["mkldnn"] <= 1.1 * best[fastest] else fastest
+    return _CHOSEN[use]
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """x @ W.T + b on packed W, with the input gradient g @ W on packed W.T (W does not train)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, packed: torch.Tensor, packed_t: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.packed_t = packed_t
+        rows = x.reshape(-1, x.shape[-1])
+        return packed_linear(rows, packed, "mkldnn", None, bias, 0).view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rows = grad.reshape(-1, grad.shape[-1]).contiguous()
+        grad_x = packed_linear(rows, ctx.packed_t, "mkldnn", None, None, 0)
+        return grad_x.view(*grad.shape[:-1], -1), None, None, None
+
+
+def _frozen_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if module.weight.requires_grad or x.dtype != torch.float32:  # it trains after all, or another dtype: plain
+        return F.linear(x, module.weight, module.bias)
+    return _FrozenLinear.apply(x.contiguous(), module.packed_weight, module.packed_weight_t, module.bias)
+
+
+TRAIN_ROWS = 512  # the token count the trainer's kernel choice is timed at
+
+
+def pack_frozen_linears(model: torch.nn.Module) -> int:
+    """Run every frozen float32 ``nn.Linear`` of ``model`` on oneDNN-packed weights (forward and input gradient)
+    when oneDNN beats a plain ``F.linear`` here; returns how many were packed. The packs are two more copies of
+    the weights, so models over ``PACK_MAX_BYTES`` are left alone."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad
+               and m.weight.dtype == torch.float32]
+    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    if not linears or size > PACK_MAX_BYTES:
+        return 0
+    typical = sorted(linears, key=lambda m: m.weight.numel())[len(linears) // 2]
+    if fastest_kind("train", typical.weight.detach(), TRAIN_ROWS, kinds=["mkldnn"]) != "mkldnn":
+        return 0
+    for module in linears:
+        weight = module.weight.detach()
+        module.packed_weight = pack(weight, "mkldnn", TRAIN_ROWS)
+        module.packed_weight_t = pack(weight.t().contiguous(), "mkldnn", TRAIN_ROWS)
+        module.forward = _frozen_forward.__get__(module)
+    return len(linears)

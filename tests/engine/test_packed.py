@@ -1,0 +1,68 @@
+"""Prepacked matmuls: a packed frozen linear gives F.linear's output and input gradient; a model whose frozen
+linears are packed gives the unpacked model's logits and LoRA gradients."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlvr.engine import packed
+from rlvr.engine.lora import AdapterHost, LoraSpec
+from rlvr.engine.models import load_base_model
+
+pytestmark = pytest.mark.skipif("mkldnn" not in packed.pack_kinds(), reason="this torch has no oneDNN matmul")
+
+
+@pytest.fixture
+def force(monkeypatch):
+    """Make the process-wide kernel choice for the trainer, instead of timing it."""
+    def choose(kind: str) -> None:
+        monkeypatch.setattr(packed, "_CHOSEN", {"train": kind})
+    return choose
+
+
+def test_a_packed_frozen_linear_matches_f_linear(force):
+    force("mkldnn")
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(48, 80).requires_grad_(False)
+    reference = torch.nn.Linear(48, 80).requires_grad_(False)
+    reference.load_state_dict(layer.state_dict())
+    assert packed.pack_frozen_linears(layer) == 1
+    x = torch.randn(3, 7, 48, generator=gen, requires_grad=True)  # (batch, tokens, features), as a model feeds it
+    x_ref = x.detach().clone().requires_grad_(True)
+    grad = torch.randn(3, 7, 80, generator=gen)
+    out, out_ref = layer(x), F.linear(x_ref, reference.weight, reference.bias)
+    torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+    (out * grad).sum().backward()
+    (out_ref * grad).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)  # g @ W, on the packed transpose
+    assert x.grad.abs().max() > 0.1  # not trivially zero
+
+
+def test_a_linear_that_trains_is_not_packed(force):
+    force("mkldnn")
+    assert packed.pack_frozen_linears(torch.nn.Linear(4, 4)) == 0  # requires_grad: its weight changes
+
+
+def lora_logits_and_grads(kind: str, force) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    force(kind)
+    host = AdapterHost(load_base_model("tiny"))
+    assert any(hasattr(m, "packed_weight") for m in host.base.model.modules()) == bool(kind)
+    host.add("a", LoraSpec(rank=4), seed=0)
+    params = host.parameters("a")
+    with torch.no_grad():
+        for name, param in params.items():
+            if "lora_B" in name:
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    with host.active("a") as model:
+        logits = model(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10]])).logits
+        logits.log_softmax(-1)[0, :, 3].sum().backward()
+    return logits.detach(), {k: p.grad.clone() for k, p in params.items()}
+
+
+def test_a_packed_model_gives_the_same_logits_and_lora_gradients(force):
+    logits, grads = lora_logits_and_grads("mkldnn", force)
+    logits_ref, grads_ref = lora_logits_and_grads("", force)
+    torch.testing.assert_close(logits, logits_ref, atol=2e-5, rtol=1e-4)
+    for key in grads_ref:
+        torch.testing.assert_close(grads[key], grads_ref[key], atol=2e-5, rtol=1e-4)
+    assert any(grads_ref[k].abs().max() > 1e-3 for k in grads_ref if "lora_A" in k)  # gradients reach the A's
