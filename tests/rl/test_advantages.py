@@ -68,3 +68,17 @@ def test_entropy_shaping_is_the_entropy_gradient_in_expectation():
     # Guard: an estimator that drops the token's own surprisal (keeps only what follows it) misses the gradient.
     wrong = sum(torch.exp(sum(logprobs(*y))).detach() * (-(logprobs(*y)[1].item()) * logprobs(*y)[0]) for y in answers)
     assert not torch.allclose(torch.autograd.grad(wrong, [first])[0], exact[0], atol=1e-3)
+
+
+def test_gae_by_hand():
+    from rlvr.rl.advantages import gae, returns_to_go
+
+    rewards, values = [0.0, 0.0, 1.0], [0.2, 0.5, 0.4]
+    # deltas: 0 + 0.5 - 0.2 = 0.3, 0 + 0.4 - 0.5 = -0.1, 1 + 0 - 0.4 = 0.6
+    assert gae(rewards, values, gamma=1.0, lam=0.5) == pytest.approx([0.3 + 0.5 * (-0.1 + 0.5 * 0.6), -0.1 + 0.3, 0.6])
+    assert gae(rewards, values, gamma=1.0, lam=1.0) == pytest.approx([0.8, 0.5, 0.6])  # return - value
+    assert gae(rewards, values, gamma=1.0, lam=0.0) == pytest.approx([0.3, -0.1, 0.6])  # one-step TD errors
+    assert returns_to_go(rewards, gamma=0.9) == pytest.approx([0.81, 0.9, 1.0])
+    assert gae(rewards, values, gamma=0.9, lam=1.0) == pytest.approx([0.61, 0.4, 0.6])
+    with pytest.raises(ValueError, match="3 rewards but 2 values"):
+        gae(rewards, values[:2])

@@ -42,8 +42,12 @@ def test_grpo_centres_within_groups():
 
 
 def test_unsupported_options_are_refused():
-    with pytest.raises(ConfigurationError, match="value_coef=0.5: not supported yet"):
-        PPO(PPOConfig(value_coef=0.5))
+    with pytest.raises(ConfigurationError, match="value_coef=-0.5: must be >= 0"):
+        PPO(PPOConfig(value_coef=-0.5))
+    with pytest.raises(ConfigurationError, match="gae_lambda=1.5"):
+        PPO(PPOConfig(value_coef=0.5, gae_lambda=1.5))
+    with pytest.raises(ConfigurationError, match="kl_penalty_coef=0.1: not supported yet"):
+        PPO(PPOConfig(kl_penalty_coef=0.1))
     with pytest.raises(ConfigurationError, match="entropy_coef=-0.01: must be >= 0"):
         REINFORCE(REINFORCEConfig(entropy_coef=-0.01))
     with pytest.raises(ConfigurationError, match="clip_range"):
@@ -68,6 +72,7 @@ def logprob_of(tc, trajectory):
 
 @pytest.mark.parametrize("algo", [REINFORCE(REINFORCEConfig(learning_rate=1e-2)),
                                   PPO(PPOConfig(learning_rate=1e-2, ppo_epochs=2)),
+                                  PPO(PPOConfig(learning_rate=1e-2, ppo_epochs=2, value_coef=0.5)),
                                   GRPO(GRPOConfig(learning_rate=1e-2))])
 def test_rewarded_answers_become_likelier(service, algo):
     tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=0)
@@ -143,3 +148,39 @@ def test_state_round_trips_for_every_algorithm():
     again = PPO.from_state(ppo.get_state())
     assert again.config.clip_range == 0.3 and again.baseline.value == ppo.baseline.value is not None
     assert GRPO.from_state(GRPO(GRPOConfig(normalize_std=False)).get_state()).config.normalize_std is False
+
+
+def test_ppo_with_a_critic_uses_gae_against_its_values():
+    # Two prompts, reward 1 after prompt "A" and 0 after "B". Before any fit the values are 0, so GAE with gamma 1
+    # is the reward at every token (lambda^k sums of deltas that are 0 until the last token); the fit then moves
+    # the values of A's states up and B's down, and the next batch's advantages are reward minus (about) those.
+    algo = PPO(PPOConfig(value_coef=0.5, gae_lambda=1.0, normalize_advantages=False))
+    batch = TrajectoryBatch([Trajectory(p, "r", list(p.encode()) * 3, [7, 8, 9], None, 1.0 if p == "A" else 0.0)
+                             for p in ("A", "B") for _ in range(2)])
+    assert algo._advantages(batch) == [[1.0] * 3] * 2 + [[0.0] * 3] * 2
+    first_loss = algo.value_loss
+    assert first_loss == pytest.approx(0.5)  # mean of (0 - 1)^2 and (0 - 0)^2 over the tokens
+    for _ in range(10):
+        advantages = algo._advantages(batch)
+    assert algo.value_loss < 0.1 * first_loss
+    values_a = algo.critic.values(batch[0].prompt_tokens, batch[0].response_tokens)
+    values_b = algo.critic.values(batch[2].prompt_tokens, batch[2].response_tokens)
+    assert min(values_a) > 0.7 and max(values_b) < 0.3
+    assert advantages[0] == pytest.approx([1.0 - v for v in values_a], abs=0.05)  # lambda 1: return - value
+    restored = PPO.from_state(algo.get_state())
+    assert restored.critic.values([1, 2], [3, 4]) == algo.critic.values([1, 2], [3, 4])
+
+
+def test_the_cookbooks_ppo_step_runs_with_a_value_coefficient(service):
+    # The TenSafe cookbook's "Using PPO" block, value_coef=0.5 included: update() reports a value loss that falls
+    # as the critic learns the rewards of a batch trained on repeatedly.
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=0)
+    ppo = PPO(PPOConfig(learning_rate=1e-5, clip_range=0.2, ppo_epochs=4, target_kl=0.01, value_coef=0.5,
+                        entropy_coef=0.01, normalize_advantages=True, reward_normalization=True))
+    sampler = MockRolloutSampler(max_new_tokens=16, seed=0)
+    batch = sampler.generate_trajectories(["Q", "R"], group_size=4)
+    for t in batch:
+        t.reward = 1.0 if "42" in t.response else 0.0
+    assert 0 < sum(t.reward for t in batch) < len(batch)
+    losses = [ppo.update(batch, tc).value_loss for _ in range(4)]
+    assert losses[0] > 0.5 and losses == sorted(losses, reverse=True) and losses[-1] < 0.85 * losses[0], losses

@@ -3,7 +3,7 @@
 GRPO-style group centring is the default (``A_i = r_i - mean(r_G)``); optional division by the group's standard
 deviation (``normalize_std``); a running-mean REINFORCE baseline for single-sample settings. A group whose rewards are
 all equal carries no signal under centring and is dropped by the loop (counted in ``by_group/frac_all_*``).
-``entropy_shaped`` adds an entropy bonus per token.
+``entropy_shaped`` adds an entropy bonus per token; ``gae`` gives per-token advantages against a critic's values.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ def is_constant(rewards_G: Sequence[float]) -> bool:
     return all(r == rewards_G[0] for r in rewards_G)
 
 
-def entropy_shaped(advantage: float, logprobs_T: Sequence[float], coef: float) -> list[float]:
-    """Per-token advantages with an entropy bonus: ``A_t = advantage - coef * sum_{t' >= t} logprobs_T[t']``.
+def entropy_shaped(advantage: float | Sequence[float], logprobs_T: Sequence[float], coef: float) -> list[float]:
+    """Per-token advantages with an entropy bonus: ``A_t = advantage - coef * sum_{t' >= t} logprobs_T[t']``
+    (``advantage``: one value for the answer, or one per token).
 
     The bonus is the answer's surprisal ``-log pi(y)`` paid as extra reward: since ``E[grad log pi(y)] = 0``, the
     policy gradient of ``E[-coef * log pi(y)]`` is ``coef * grad H`` (H: the entropy of the answer distribution),
@@ -28,12 +29,38 @@ def entropy_shaped(advantage: float, logprobs_T: Sequence[float], coef: float) -
     """
     if coef < 0:
         raise ValueError(f"entropy coefficient must be >= 0, got {coef}")
+    advantages_T = [advantage] * len(logprobs_T) if isinstance(advantage, (int, float)) else list(advantage)
+    if len(advantages_T) != len(logprobs_T):
+        raise ValueError(f"{len(advantages_T)} per-token advantages for {len(logprobs_T)} logprobs")
     shaped_T = []
     suffix = 0.0
-    for logprob in reversed(logprobs_T):
+    for a, logprob in zip(reversed(advantages_T), reversed(logprobs_T), strict=True):
         suffix += logprob
-        shaped_T.append(advantage - coef * suffix)
+        shaped_T.append(a - coef * suffix)
     return shaped_T[::-1]
+
+
+def gae(rewards_T: Sequence[float], values_T: Sequence[float], gamma: float = 1.0, lam: float = 0.95) -> list[float]:
+    """Generalised advantage estimates of one episode: ``A_t = sum_k (gamma lam)^k delta_{t+k}`` with
+    ``delta_t = r_t + gamma V_{t+1} - V_t`` and ``V_T = 0`` (the episode ends after its last token). ``lam=1``
+    gives the return minus the value; ``lam=0`` the one-step TD error."""
+    if len(rewards_T) != len(values_T):
+        raise ValueError(f"{len(rewards_T)} rewards but {len(values_T)} values")
+    advantages_T, running, next_value = [], 0.0, 0.0
+    for reward, value in zip(reversed(rewards_T), reversed(values_T), strict=True):
+        running = reward + gamma * next_value - value + gamma * lam * running
+        advantages_T.append(running)
+        next_value = value
+    return advantages_T[::-1]
+
+
+def returns_to_go(rewards_T: Sequence[float], gamma: float = 1.0) -> list[float]:
+    """``G_t = sum_k gamma^k r_{t+k}``: what a critic's value of step t should predict."""
+    out, running = [], 0.0
+    for reward in reversed(rewards_T):
+        running = reward + gamma * running
+        out.append(running)
+    return out[::-1]
 
 
 def group_advantages(rewards_G: Sequence[float], normalize_std: bool = False, eps: float = 1e-6) -> list[float]:

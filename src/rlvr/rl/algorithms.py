@@ -10,8 +10,9 @@ token's advantage gets ``-entropy_coef`` times the sampler logprobs of it and th
 expectation is the gradient of ``entropy_coef`` x the answers' entropy: the built-in losses only see the logprobs of
 the sampled tokens, so this is the estimator they can carry.
 
-Not here: a value head. ``PPOConfig(value_coef > 0)`` (GAE with a learned critic) is refused with an error rather
-than silently ignored; group-relative advantages (GRPO) are the critic-free alternative.
+``PPOConfig(value_coef > 0)`` adds a learned critic (``critic.LinearCritic``: the Tinker API exposes no hidden
+states, so it is a separate linear value function of the prompt and the answer so far) and per-token GAE
+advantages (``gamma``, ``gae_lambda``) in place of the running baseline; ``value_loss`` reports its error.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError
-from rlvr.rl.advantages import RunningBaseline, entropy_shaped, group_advantages
+from rlvr.rl.advantages import RunningBaseline, entropy_shaped, gae, group_advantages, returns_to_go
+from rlvr.rl.critic import LinearCritic
 from rlvr.rl.datums import rl_datum, sample_train_metrics
 
 
@@ -80,7 +82,7 @@ class UpdateResult:
     policy_loss: float
     """The policy loss (sum over tokens, as the engine reports it), averaged over optimizer steps."""
     value_loss: float = 0.0
-    """Always 0: no value head (see the module docstring)."""
+    """The critic's mean squared error against the returns, before this update fitted it (0 without a critic)."""
     entropy: float = 0.0
     """Sampled estimate of the per-token entropy before the update."""
     kl_divergence: float = 0.0
@@ -137,7 +139,12 @@ class PPOConfig:
     target_kl: float | None = None
     """Stop the epochs early once the mean KL to the sampler exceeds this (None: never)."""
     value_coef: float = 0.0
-    """Value-head weight; must be 0 (no critic, see the module docstring)."""
+    """Weight of the value loss: > 0 learns a critic and uses per-token GAE advantages (see the module docstring);
+    0 keeps a running reward baseline."""
+    gamma: float = 1.0
+    """Discount of GAE and the critic's returns (with a critic)."""
+    gae_lambda: float = 0.95
+    """GAE's lambda (with a critic): 1 = return minus value, 0 = one-step TD error."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (>= 0), carried by per-token advantages (see the module docstring)."""
     normalize_advantages: bool = True
@@ -163,19 +170,20 @@ def _unsupported(config: Any) -> None:
     if entropy < 0:
         raise ConfigurationError(f"{type(config).__name__}.entropy_coef={entropy}: must be >= 0 (it weights an "
                                  "entropy bonus)")
-    for name in ("value_coef", "kl_penalty_coef"):
-        value = getattr(config, name, 0.0)
-        if value:
-            raise ConfigurationError(f"{type(config).__name__}.{name}={value}: not supported yet; set it to 0 "
-                                     "(a KL penalty to the base model is LoopConfig.kl_penalty_coef)")
+    kl = getattr(config, "kl_penalty_coef", 0.0)
+    if kl:
+        raise ConfigurationError(f"{type(config).__name__}.kl_penalty_coef={kl}: not supported yet; set it to 0 "
+                                 "(a KL penalty to the base model is LoopConfig.kl_penalty_coef)")
 
 
 class _Algorithm:
     config: Any
     config_class: type
     loss_fn = "importance_sampling"
+    value_loss = 0.0  # the critic's error at the last update, for algorithms with one
 
-    def _advantages(self, batch: TrajectoryBatch) -> list[float]:
+    def _advantages(self, batch: TrajectoryBatch) -> list[float] | list[list[float]]:
+        """One advantage per trajectory, or one per answer token of each."""
         raise NotImplementedError
 
     def _loss_config(self) -> dict[str, float] | None:
@@ -221,6 +229,7 @@ class _Algorithm:
             if target is not None and abs(result.kl_divergence) > target:
                 break
         result.policy_loss = sum(losses) / len(losses)
+        result.value_loss = self.value_loss
         return result
 
     def get_state(self) -> dict[str, Any]:
@@ -268,7 +277,8 @@ class REINFORCE(_Algorithm):
 
 
 class PPO(REINFORCE):
-    """PPO's clipped objective over ``ppo_epochs`` passes, with a running baseline (no critic)."""
+    """PPO's clipped objective over ``ppo_epochs`` passes, with a running baseline or (``value_coef > 0``) a learned
+    critic and GAE."""
 
     loss_fn = "ppo"
     config_class = PPOConfig
@@ -278,14 +288,41 @@ class PPO(REINFORCE):
         _unsupported(self.config)
         if not 0 < self.config.clip_range < 1:
             raise ConfigurationError(f"PPOConfig.clip_range={self.config.clip_range}: must be in (0, 1)")
+        if self.config.value_coef < 0:
+            raise ConfigurationError(f"PPOConfig.value_coef={self.config.value_coef}: must be >= 0 (0 = no critic)")
+        if not (0 <= self.config.gae_lambda <= 1 and 0 < self.config.gamma <= 1):
+            raise ConfigurationError(f"PPOConfig: gamma={self.config.gamma} must be in (0, 1] and gae_lambda="
+                                     f"{self.config.gae_lambda} in [0, 1]")
         self.baseline = RunningBaseline()
+        self.critic = LinearCritic() if self.config.value_coef > 0 else None
 
-    def _advantages(self, batch: TrajectoryBatch) -> list[float]:
+    def _advantages(self, batch: TrajectoryBatch) -> list[float] | list[list[float]]:
         rewards = [t.reward for t in batch]
         if self.config.reward_normalization:
             rewards = _normalise([r - statistics.fmean(rewards) for r in rewards])
-        advantages = self.baseline.advantages(rewards)
-        return _normalise(advantages) if self.config.normalize_advantages else advantages
+        if self.critic is None:
+            advantages = self.baseline.advantages(rewards)
+            return _normalise(advantages) if self.config.normalize_advantages else advantages
+        # With a critic: the reward arrives with the last token; GAE against the values before this fit.
+        gamma, lam = self.config.gamma, self.config.gae_lambda
+        episodes = [(t.prompt_tokens, t.response_tokens) for t in batch]
+        rewards_T = [[0.0] * (len(r) - 1) + [reward] for (_, r), reward in zip(episodes, rewards, strict=True)]
+        per_token = [gae(r_T, self.critic.values(p, r), gamma, lam)
+                     for (p, r), r_T in zip(episodes, rewards_T, strict=True)]
+        self.value_loss = self.critic.fit(episodes, [returns_to_go(r_T, gamma) for r_T in rewards_T],
+                                          self.config.value_coef)
+        if self.config.normalize_advantages:
+            flat = iter(_normalise([a for a_T in per_token for a in a_T]))  # over every token of the batch
+            per_token = [[next(flat) for _ in a_T] for a_T in per_token]
+        return per_token
+
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), **({"critic": self.critic.state()} if self.critic is not None else {})}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        super()._load_state(state)
+        if "critic" in state:
+            self.critic = LinearCritic.from_state(state["critic"])
 
     def _loss_config(self) -> dict[str, float]:
         return {"clip_low_threshold": 1 - self.config.clip_range, "clip_high_threshold": 1 + self.config.clip_range}

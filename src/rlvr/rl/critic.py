@@ -1,0 +1,80 @@
+"""A learned state-value function for PPO's GAE: V(s_t), linear in hashed features of what the policy has seen.
+
+The Tinker API gives a trainer the logprobs of tokens, not hidden states, so there is no trunk for a value head to
+share. The critic is therefore its own small model: the state before answer token t is the prompt plus the first t
+answer tokens, described by the prompt's token frequencies and the answer-so-far's token frequencies (token ids
+hashed into ``buckets`` bins each), log(1 + t) and a bias. A value depends only on that state, never on tokens at
+or after t, so as a baseline it keeps the policy gradient unbiased whatever it has learned.
+
+It is fitted to the returns by gradient steps on the mean squared error. ``value_coef`` (PPO's weight of the value
+loss in its combined objective) scales those steps: the critic shares no parameters with the policy, so that
+weight acts on the critic alone.
+
+Not here: the advantages themselves (``advantages.gae``), PPO (``algorithms.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+BUCKETS = 256
+"""Hash bins per token-frequency block."""
+STEP_SIZE = 0.2
+"""Gradient step on the squared error before ``value_coef`` scales it (features are at most 1 in size, so steps up to
+~0.25 are stable)."""
+FIT_STEPS = 20
+"""Gradient steps per fit."""
+
+
+class LinearCritic:
+    """V(s_t) = w . features(prompt, answer[:t]); see the module docstring."""
+
+    def __init__(self, buckets: int = BUCKETS) -> None:
+        self.buckets = buckets
+        self.weights = torch.zeros(2 * buckets + 2, dtype=torch.float64)
+
+    def features(self, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> torch.Tensor:
+        """(T, 2 buckets + 2): one row per answer token t, describing the state before it."""
+        B, T = self.buckets, len(response_tokens)
+        prompt = torch.bincount(torch.tensor(list(prompt_tokens)) % B, minlength=B).double()
+        prompt /= max(len(prompt_tokens), 1)
+        seen = torch.zeros(T, B, dtype=torch.float64)  # row t: counts of answer tokens before t
+        if T > 1:
+            hot = torch.nn.functional.one_hot(torch.tensor(list(response_tokens[:-1])) % B, B).double()
+            seen[1:] = hot.cumsum(0)
+        steps = torch.arange(T, dtype=torch.float64)
+        seen /= steps.clamp(min=1)[:, None]
+        return torch.cat([prompt.expand(T, B), seen, (torch.log1p(steps) / 8)[:, None],
+                          torch.ones(T, 1, dtype=torch.float64)], dim=1)
+
+    def values(self, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> list[float]:
+        """V(s_t) for every answer token t."""
+        return (self.features(prompt_tokens, response_tokens) @ self.weights).tolist()
+
+    def fit(self, episodes: Sequence[tuple[Sequence[int], Sequence[int]]], targets: Sequence[Sequence[float]],
+            value_coef: float, steps: int = FIT_STEPS) -> float:
+        """Move the values of ``episodes`` ((prompt, answer) pairs) towards ``targets`` (one per answer token);
+        returns the mean squared error before the fit (the value loss)."""
+        x = torch.cat([self.features(p, r) for p, r in episodes])
+        y = torch.tensor([v for t in targets for v in t], dtype=torch.float64)
+        if len(y) != len(x):
+            raise ValueError(f"{len(y)} value targets for {len(x)} answer tokens")
+        loss = float(((x @ self.weights - y) ** 2).mean())
+        for _ in range(steps):
+            error = x @ self.weights - y
+            self.weights -= STEP_SIZE * value_coef * 2 * (x.T @ error) / len(y)
+        if not math.isfinite(float(self.weights.abs().max())):
+            raise FloatingPointError("the critic's weights diverged; lower value_coef")
+        return loss
+
+    def state(self) -> dict:
+        return {"buckets": self.buckets, "weights": self.weights.tolist()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> LinearCritic:
+        critic = cls(state["buckets"])
+        critic.weights = torch.tensor(state["weights"], dtype=torch.float64)
+        return critic
