@@ -195,7 +195,9 @@ def test_streamed_minibatches_give_the_synchronous_update(tmp_path):
         result = train(config(tmp_path / name, steps=3, out=str(tmp_path / name / "run")), SayA()) if not extra \
             else train(config(tmp_path / name, steps=3, out=str(tmp_path / name / "run"), **extra), SayA())
         runs[name] = (metrics_of(tmp_path / name), result["training_client"].parameters())
-    (sync, w_sync), (stream, w_stream), (_, w_two) = runs["sync"], runs["stream"], runs["stream-2-substeps"]
+    (sync, w_sync), (stream, w_stream), (two, w_two) = runs["sync"], runs["stream"], runs["stream-2-substeps"]
+    assert [m["optim/steps"] for m in sync] == [m["optim/steps"] for m in stream] == [1, 1, 1]
+    assert [m["optim/steps"] for m in two] == [2, 2, 2]  # one after each streamed part, not one per split of it
     assert [m["env/all/reward/mean"] for m in stream] == pytest.approx([m["env/all/reward/mean"] for m in sync])
     for key in w_sync:
         torch.testing.assert_close(w_stream[key], w_sync[key], atol=2e-5, rtol=1e-4)  # Adam: lr 2e-2 x rounding

@@ -209,7 +209,8 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
                     metrics.update(kl_metrics)
                 # Train: a forward_backward per minibatch and an optim_step after each substep's minibatches,
                 # sent without waiting (the engine runs them in order while the next part is collected).
-                for chunk, chunk_masks, optim_now in _substeps(datums, masks, optim_after, config.num_substeps):
+                splits = config.num_substeps if len(batch.parts) == 1 else 1  # a streamed part is one minibatch
+                for chunk, chunk_masks, optim_now in _substeps(datums, masks, optim_after, splits):
                     if chunk:
                         sent.append((training_client.forward_backward(chunk, config.loss_fn,
                                                                       config.loss_fn_config or None),
@@ -226,6 +227,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
                     metrics.update(sample_train_metrics([o["logprobs"].tolist() for o in out.loss_fn_outputs],
                                                         [d.loss_fn_inputs["logprobs"].tolist() for d in chunk],
                                                         chunk_masks))
+            metrics["optim/steps"] = len(optims)
             for opt in optims:
                 optim = opt.result().metrics
                 metrics["optim/grad_norm"] = optim["grad_norm:mean"]
@@ -359,12 +361,12 @@ def _minibatches(parts: list[Any], num_substeps: int) -> list[tuple[Any, bool]]:
     return [(part, (i + 1) % per_substep == 0) for i, part in enumerate(parts)]
 
 
-def _substeps(datums: list, masks: list, optim_after: bool, num_substeps: int) -> list[tuple[list, list, bool]]:
-    """A part's datums as (minibatch, masks, optim_step after it): streamed parts are one minibatch each; an
-    unstreamed batch is split into ``num_substeps`` minibatches, each followed by an optim_step."""
-    if not optim_after or num_substeps == 1 or not datums:
+def _substeps(datums: list, masks: list, optim_after: bool, splits: int) -> list[tuple[list, list, bool]]:
+    """A part's datums as (minibatch, masks, optim_step after it): ``splits`` minibatches each followed by an
+    optim_step (an unstreamed batch: ``num_substeps`` of them), or one (a streamed part, ``splits=1``)."""
+    if splits == 1 or not datums:
         return [(datums, masks, optim_after)]
-    size = -(-len(datums) // num_substeps)
+    size = -(-len(datums) // splits)
     return [(datums[k:k + size], masks[k:k + size], True) for k in range(0, len(datums), size)]
 
 
