@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from rlvr.engine import packed
 from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.models import load_base_model
+from rlvr.errors import ConfigurationError
 
 pytestmark = pytest.mark.skipif("mkldnn" not in packed.pack_kinds(), reason="this torch has no oneDNN matmul")
 
@@ -66,3 +67,14 @@ def test_a_packed_model_gives_the_same_logits_and_lora_gradients(force):
     for key in grads_ref:
         torch.testing.assert_close(grads[key], grads_ref[key], atol=2e-5, rtol=1e-4)
     assert any(grads_ref[k].abs().max() > 1e-3 for k in grads_ref if "lora_A" in k)  # gradients reach the A's
+
+
+def test_the_environment_can_fix_the_kernel(monkeypatch):
+    weight = torch.randn(8, 4)
+    monkeypatch.setenv("RLVR_MATMUL", "plain")
+    assert packed.fastest_kind("decode", weight, 16) == ""
+    monkeypatch.setenv("RLVR_MATMUL", "mkldnn")
+    assert packed.fastest_kind("train", weight, 16, kinds=["mkldnn"]) == "mkldnn"
+    monkeypatch.setenv("RLVR_MATMUL", "mkl")
+    with pytest.raises(ConfigurationError, match="RLVR_MATMUL='mkl': choose plain or one of \\['mkldnn'\\]"):
+        packed.fastest_kind("train", weight, 16, kinds=["mkldnn"])

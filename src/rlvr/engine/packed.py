@@ -5,7 +5,13 @@ layout a BLAS kernel reads fastest. torch offers two such kernels on CPU: oneDNN
 any row count) and MKL's (``mkl._mkl_linear``, one row count fixed at packing). Which wins depends on the machine:
 on 2 cores of a Xeon MKL's pack ran ~1.3x a plain ``F.linear`` at 64 rows; on an EPYC MKL's pack ran slower than
 ``F.linear`` while oneDNN's ran 1.4-2x (2.7x on SmolLM2's output layer) at 64 rows and 1.5x at 2000. So the kernel
-is chosen by timing, once per process (every model of a process then rounds the same way).
+is chosen by timing, once per process (every model of a process then rounds the same way), between a plain
+``F.linear`` and MKL's pack. oneDNN's is used only when asked for (``RLVR_MATMUL=mkldnn``): it is the fastest on
+the EPYC, but in ``bench/rl_step.py`` there every run with it (sampler, or sampler and trainer) ended with lower
+held-out accuracy than the same seed without it (seed 2: 0.48 and 0.59 against 0.77; seeds 0 and 1 likewise below
+earlier runs), although its logits and gradients match ``F.linear``'s to rounding (tested). Until that is
+understood it is opt-in. ``RLVR_MATMUL=plain`` (or ``mkl``, ``mkldnn``) in the environment fixes the choice, e.g.
+for runs that must round alike across processes or machines.
 
 Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer's forward and
 backward (``pack_frozen_linears`` gives every frozen ``nn.Linear`` of a model a packed weight and its packed
@@ -16,13 +22,17 @@ Not here: which weights are fused (``decode.py``), LoRA (``lora.py``).
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 import torch.nn.functional as F
 
+from rlvr.errors import ConfigurationError
+
 PACK_MAX_BYTES = 2**30  # pack only models whose float32 linear weights fit in this (each pack is one more copy)
 _CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
+AUTOMATIC = ("mkl",)  # the packs timing may choose; oneDNN's only when RLVR_MATMUL asks (see the module docstring)
 
 
 def pack_kinds() -> list[str]:
@@ -52,14 +62,21 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
 
 
 def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
-    """The kernel that multiplies ``rows`` rows by ``weight`` fastest here among ``kinds`` (default: all), or ""
-    when a plain ``F.linear`` is as fast. Timed on the first call for ``use``, then the same answer for the rest of
-    the process. oneDNN's pack wins ties within 10%: it serves every row count."""
+    """The kernel that multiplies ``rows`` rows by ``weight`` fastest here among ``kinds`` (default: all) that
+    timing may pick (``AUTOMATIC``), or "" when a plain ``F.linear`` is as fast; ``RLVR_MATMUL`` overrides. Timed
+    on the first call for ``use``, then the same answer for the rest of the process."""
+    forced = os.environ.get("RLVR_MATMUL", "")
+    if forced:
+        allowed = [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds()]
+        if forced != "plain" and forced not in allowed:
+            raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {allowed} (this torch, this "
+                                     "use), or unset it to choose by timing")
+        return "" if forced == "plain" else forced
     if use not in _CHOSEN:
         x = torch.randn(rows, weight.shape[1])
         shape = torch.zeros(1, 1).expand(weight.shape)
         candidates = {"": lambda: F.linear(x, weight)}
-        for kind in pack_kinds() if kinds is None else [k for k in kinds if k in pack_kinds()]:
+        for kind in [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds() and k in AUTOMATIC]:
             packed = pack(weight, kind, rows)
             candidates[kind] = lambda kind=kind, packed=packed: packed_linear(x, packed, kind, shape, None, rows)
         best = {}
@@ -72,8 +89,7 @@ def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | N
                     run()
                     times.append(time.perf_counter() - start)
                 best[kind] = min(times)
-        fastest = min(best, key=best.get)
-        _CHOSEN[use] = "mkldnn" if "mkldnn" in best and best["mkldnn"] <= 1.1 * best[fastest] else fastest
+        _CHOSEN[use] = min(best, key=best.get)
     return _CHOSEN[use]
 
 
@@ -105,7 +121,7 @@ TRAIN_ROWS = 512  # the token count the trainer's kernel choice is timed at
 
 def pack_frozen_linears(model: torch.nn.Module) -> int:
     """Run every frozen float32 ``nn.Linear`` of ``model`` on oneDNN-packed weights (forward and input gradient)
-    when oneDNN beats a plain ``F.linear`` here; returns how many were packed. The packs are two more copies of
+    when ``RLVR_MATMUL=mkldnn`` asks for it; returns how many were packed. The packs are two more copies of
     the weights, so models over ``PACK_MAX_BYTES`` are left alone."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad
                and m.weight.dtype == torch.float32]
