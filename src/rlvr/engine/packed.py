@@ -72,11 +72,14 @@ def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | N
             raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {allowed} (this torch, this "
                                      "use), or unset it to choose by timing")
         return "" if forced == "plain" else forced
+    choices = [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds() and k in AUTOMATIC]
+    if use not in _CHOSEN and not choices:  # nothing to compare with F.linear (the trainer's use): no timing
+        _CHOSEN[use] = ""
     if use not in _CHOSEN:
         x = torch.randn(rows, weight.shape[1])
         shape = torch.zeros(1, 1).expand(weight.shape)
         candidates = {"": lambda: F.linear(x, weight)}
-        for kind in [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds() and k in AUTOMATIC]:
+        for kind in choices:
             packed = pack(weight, kind, rows)
             candidates[kind] = lambda kind=kind, packed=packed: packed_linear(x, packed, kind, shape, None, rows)
         best = {}

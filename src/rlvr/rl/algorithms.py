@@ -307,9 +307,9 @@ class PPO(REINFORCE):
         gamma, lam = self.config.gamma, self.config.gae_lambda
         episodes = [(t.prompt_tokens, t.response_tokens) for t in batch]
         rewards_T = [[0.0] * (len(r) - 1) + [reward] for (_, r), reward in zip(episodes, rewards, strict=True)]
-        per_token = [gae(r_T, self.critic.values(p, r), gamma, lam)
-                     for (p, r), r_T in zip(episodes, rewards_T, strict=True)]
-        self.value_loss = self.critic.fit(episodes, [returns_to_go(r_T, gamma) for r_T in rewards_T],
+        features = [self.critic.features(p, r) for p, r in episodes]  # once, for the values and the fit
+        per_token = [gae(r_T, self.critic.predict(f), gamma, lam) for f, r_T in zip(features, rewards_T, strict=True)]
+        self.value_loss = self.critic.fit(features, [returns_to_go(r_T, gamma) for r_T in rewards_T],
                                           self.config.value_coef)
         if self.config.normalize_advantages:
             flat = iter(_normalise([a for a_T in per_token for a in a_T]))  # over every token of the batch

@@ -52,13 +52,17 @@ class LinearCritic:
 
     def values(self, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> list[float]:
         """V(s_t) for every answer token t."""
-        return (self.features(prompt_tokens, response_tokens) @ self.weights).tolist()
+        return self.predict(self.features(prompt_tokens, response_tokens))
 
-    def fit(self, episodes: Sequence[tuple[Sequence[int], Sequence[int]]], targets: Sequence[Sequence[float]],
-            value_coef: float, steps: int = FIT_STEPS) -> float:
-        """Move the values of ``episodes`` ((prompt, answer) pairs) towards ``targets`` (one per answer token);
-        returns the mean squared error before the fit (the value loss)."""
-        x = torch.cat([self.features(p, r) for p, r in episodes])
+    def predict(self, features: torch.Tensor) -> list[float]:
+        """V(s_t) for each row of ``features`` (from ``features``)."""
+        return (features @ self.weights).tolist()
+
+    def fit(self, features: Sequence[torch.Tensor], targets: Sequence[Sequence[float]], value_coef: float,
+            steps: int = FIT_STEPS) -> float:
+        """Move the values of episodes (their ``features``) towards ``targets`` (one per answer token); returns the
+        mean squared error before the fit (the value loss)."""
+        x = torch.cat(list(features))
         y = torch.tensor([v for t in targets for v in t], dtype=torch.float64)
         if len(y) != len(x):
             raise ValueError(f"{len(y)} value targets for {len(x)} answer tokens")
