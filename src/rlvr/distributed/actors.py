@@ -9,8 +9,8 @@ the trainer's hash before it serves; it runs several requests at once (a threade
 them into one decode as it does in-process.
 
 What it is not: fault tolerance (the driver re-sends the requests of a sampler that died, see ``cluster``), the
-Tinker-shaped clients (``clients``), or a vLLM sampler / FSDP2 trainer (not implemented; see the package
-docstring). The trainer is not restarted when it dies: its optimizer state lives only in its memory.
+Tinker-shaped clients (``clients``), the vLLM sampler (``vllm_sampler``), or an FSDP2 trainer (not implemented;
+see the package docstring). The trainer is not restarted when it dies: its optimizer state lives only in its memory.
 """
 
 from __future__ import annotations

@@ -89,6 +89,29 @@ def load_base_model(base_model: str) -> LoadedModel:
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
 
 
+def model_folder(base_model: str) -> str:
+    """A Hugging Face folder holding ``base_model`` (or its hub id), for engines that load weights themselves (vLLM):
+    the embedded model's converted folder, a .gguf file's converted folder, ``tiny`` saved once, or the name as is."""
+    name = canonical_name(base_model)
+    if name == SMOLLM2:
+        return str(ensure_smollm2())
+    if name.endswith(".gguf"):
+        return str(convert_gguf(Path(name)))
+    if name == "tiny":
+        folder = rlvr_home() / "models" / "tiny"
+        if not (folder / "config.json").exists():
+            model, tokenizer = build_tiny_model()
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tiny."))
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            with contextlib.suppress(OSError):  # another process saved the same model first
+                os.replace(tmp, folder)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return str(folder)
+    return name
+
+
 def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers.utils import logging as hf_logging
 

@@ -14,7 +14,7 @@ itself differs from it whenever temperature != 1 or top-k/top-p truncate.
 
 Decode steps of Llama-family models run through ``decode.LlamaDecoder``; other models through Hugging Face's forward.
 
-Not here: which requests are batched together (the engine decides), vLLM.
+Not here: which requests are batched together (the engine decides), vLLM (``rlvr.distributed.vllm_sampler``).
 """
 
 from __future__ import annotations

