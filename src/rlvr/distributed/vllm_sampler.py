@@ -156,7 +156,7 @@ class VLLMSampler(RestartableActor):
         self._llm: Any = None
         self._base_model: str | None = None
         self._loaded: OrderedDict[str, _Held] = OrderedDict()
-        self._lock = threading.Lock()  # guards _loaded and the LLM's creation
+        self._lock = threading.Lock()  # guards _loaded and the LLM's creation; taken before _generate_lock
         self._ids = itertools.count(1)  # LoRA ids: never reused, so vLLM cannot serve an older adapter's weights
         self._dir = Path(tempfile.mkdtemp(prefix=f"rlvr-vllm-sampler-{index}-"))
         self._pending: list[_Pending] = []
@@ -259,7 +259,8 @@ class VLLMSampler(RestartableActor):
             while len(self._loaded) > KEEP_ADAPTERS:
                 _, old = self._loaded.popitem(last=False)
                 if old.request is not None:
-                    self._llm.llm_engine.remove_lora(old.request.lora_int_id)
+                    with self._generate_lock:  # not while a generate call may be using it
+                        self._llm.llm_engine.remove_lora(old.request.lora_int_id)
                     shutil.rmtree(old.folder, ignore_errors=True)
             return held
 
@@ -290,7 +291,8 @@ class VLLMSampler(RestartableActor):
                                 f"{held[:12]}, but the trainer published {digest[:12]}: the weights did not arrive "
                                 "intact, so this replica will not sample from them")
         request = self._lora_request(f"{key}#{lora_id}", lora_id, folder)
-        self._llm.llm_engine.add_lora(request)  # load now, so a bad adapter fails here and not mid-batch
+        with self._generate_lock:  # vllm.LLM is not thread-safe: no generate call runs meanwhile
+            self._llm.llm_engine.add_lora(request)  # load now, so a bad adapter fails here and not mid-batch
         return _Held(request, held, folder)
 
     @staticmethod
