@@ -2,14 +2,17 @@
 ``generate`` path, ``use_vllm=False``) on the same model, prompts, batch, learning rate and loss family.
 
 Each run trains ``--steps`` steps in a fresh subprocess; runs alternate rlvr, TRL, rlvr, TRL ... (``--repeats``
-pairs) so that whatever else the machine is doing falls on both. Printed: each step's wall time for both, the mean,
+pairs per seed) so that whatever else the machine is doing falls on both. ``--seeds 0,1,2`` runs the pairs on each
+seed (problem order, LoRA initialisation, sampling) and compares mean accuracies: after a few steps one seed is
+one trajectory, and held-out accuracy swings by about 0.1 between trajectories, so one seed cannot say which system
+learns better. Printed: each step's wall time for both, the mean,
 the ratio (TRL s/step over rlvr s/step), and held-out greedy accuracy after the last step for both, measured by one
 evaluator in this process: both LoRA results are loaded as peft adapters onto one copy of the model and answer the
 same held-out problems with ``generate`` (greedy), scored by the same reward. ``--profile`` adds one more rlvr run
 of up to 3 steps under cProfile (the engine thread and the loop thread separately) and prints where its step time
 goes; the TRL side's split (generate, rewards, the rest) is in every run's figures.
 
-    python bench/rl_step.py [--steps 8] [--repeats 1] [--seed 0] [--eval-problems 64] [--profile] [--json PATH]
+    python bench/rl_step.py [--steps 8] [--repeats 1] [--seeds 0] [--eval-problems 64] [--profile] [--json PATH]
 
 Matched exactly:
   - model: SmolLM2-135M-Instruct, float32, from ``ensure_smollm2()``: TRL loads the same folder with transformers
@@ -449,7 +452,12 @@ def summarise(runs: list[dict[str, Any]], accuracy: dict[str, float]) -> dict[st
                                                              for s in r["steps"]),
                        **{f"{k}_s": statistics.fmean(s[k] for r in runs if r["system"] == system for s in r["steps"])
                           for k in ("sample", "score", "train")}}
-    out["base_accuracy"] = accuracy["base"]
+    bases = [v for k, v in accuracy.items() if k == "base" or k.startswith("base-")]
+    out["base_accuracy"] = statistics.fmean(bases)
+    seeds = sorted({r["seed"] for r in runs})
+    out["accuracy_by_seed"] = {str(seed): {system: statistics.fmean(accuracy[r["name"]] for r in runs
+                                                                    if r["system"] == system and r["seed"] == seed)
+                                           for system in ("rlvr", "trl")} for seed in seeds}
     out["speedup"] = out["trl"]["s_per_step"] / out["rlvr"]["s_per_step"]
     out["faster_3x"] = out["speedup"] >= 3.0
     out["accuracy_at_least_as_high"] = out["rlvr"]["accuracy"] >= out["trl"]["accuracy"]
@@ -475,12 +483,29 @@ def print_report(runs: list[dict[str, Any]], summary: dict[str, Any], accuracy: 
         print(f"| {phase} s/step | {rlvr[f'{phase}_s']:.2f} | {trl[f'{phase}_s']:.2f} | "
               f"{trl[f'{phase}_s'] / max(rlvr[f'{phase}_s'], 1e-9):.2f}x |")
     print(f"| completion tokens (mean) | {rlvr['completion_tokens']:.1f} | {trl['completion_tokens']:.1f} | |")
-    print(f"| held-out greedy accuracy (base {accuracy['base']:.3f}) | {rlvr['accuracy']:.3f} | "
+    seeds = summary["accuracy_by_seed"]
+    mean = f"mean over seeds {', '.join(seeds)}, " if len(seeds) > 1 else ""
+    print(f"| held-out greedy accuracy ({mean}base {summary['base_accuracy']:.3f}) | {rlvr['accuracy']:.3f} | "
           f"{trl['accuracy']:.3f} | |")
+    if len(seeds) > 1:
+        for seed, by_system in seeds.items():
+            print(f"| seed {seed} (base {accuracy[f'base-{seed}']:.3f}) | {by_system['rlvr']:.3f} | "
+                  f"{by_system['trl']:.3f} | |")
     verdict = ("yes" if summary["faster_3x"] else "NO") + (" / accuracy at least as high: " +
                                                             ("yes" if summary["accuracy_at_least_as_high"] else "NO"))
     print(f"\nrlvr >= 3x faster per step: {verdict}")
     print(f"load average before {load['before']}, after {load['after']} ({os.cpu_count()} CPUs)")
+
+
+def seed_list(text: str) -> list[int]:
+    """``--seeds``: comma-separated integers, each once."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {text!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds lists a seed twice: {text!r}")
+    return seeds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -489,8 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=1, help="rlvr/TRL run pairs, alternating (default 1)")
     parser.add_argument("--eval-problems", type=positive_int, default=64, help="held-out problems (default 64)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per completion (default 64)")
-    parser.add_argument("--seed", type=int, default=0, help="problem order, LoRA init and sampling seed (default 0); "
-                        "accuracy after a few steps varies with it, so compare over several")
+    parser.add_argument("--seeds", type=seed_list, default=[0], metavar="S[,S...]",
+                        help="problem order, LoRA init and sampling seeds, a run pair (or --repeats pairs) on each "
+                        "(default 0); accuracy after a few steps varies with the seed, so compare over several")
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)  # the older spelling of one seed
     parser.add_argument("--profile", action="store_true",
                         help=f"add a cProfiled rlvr run (up to {PROFILE_STEPS} steps) and print where its time goes")
     parser.add_argument("--keep", metavar="DIR", help="keep the runs' logs and adapters in DIR")
@@ -511,28 +538,30 @@ def main(argv: list[str] | None = None) -> int:
         print("error: TRL is not installed; install the benchmark extra: pip install -e '.[bench]'", file=sys.stderr)
         return 2
 
-    settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens, seed=args.seed)
+    seeds = [args.seed] if args.seed is not None else args.seeds
+    settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens, seed=seeds[0])
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlvr-bench-rl-step-"))
     load = {"before": load_average()}
     print(f"{settings.steps} steps x {settings.problems_per_step} prompts x {settings.group_size} completions, "
           f"{settings.max_tokens} new tokens, LoRA r{settings.rank}, lr {settings.learning_rate}; {args.repeats} "
-          f"alternating pair(s); load average {load['before']} on {os.cpu_count()} CPUs", flush=True)
-    plan = [(system, r) for r in range(args.repeats) for system in ("rlvr", "trl")]
+          f"alternating pair(s) on seed(s) {', '.join(map(str, seeds))}; load average {load['before']} on "
+          f"{os.cpu_count()} CPUs", flush=True)
+    plan = [(system, seed, r) for seed in seeds for r in range(args.repeats) for system in ("rlvr", "trl")]
     runs: list[dict[str, Any]] = []
     try:
         with progress_bar() as bar:
             profile_settings = replace(settings, steps=min(settings.steps, PROFILE_STEPS))
             total = settings.steps * len(plan) + (profile_settings.steps if args.profile else 0)
             task = bar.add_task("rl_step", total=total, info="")
-            for system, repeat in plan:
-                name = f"{system}-{repeat}"
+            for system, seed, repeat in plan:
+                name = f"{system}-{repeat}" if len(seeds) == 1 else f"{system}-s{seed}-{repeat}"
 
                 def on_step(message: dict, name: str = name) -> None:
                     bar.console.print(f"{name} step {message['step']}: {message['seconds']:.2f} s")
                     bar.update(task, advance=1, info=f"{name} {message['seconds']:.1f} s/step")
 
-                done = spawn(system, settings, root / name, False, on_step)
-                runs.append({"system": system, "repeat": repeat, "name": name, "steps": done["steps"],
+                done = spawn(system, replace(settings, seed=seed), root / name, False, on_step)
+                runs.append({"system": system, "seed": seed, "repeat": repeat, "name": name, "steps": done["steps"],
                              "wall_s": done["wall_s"], "process_s": done["process_s"],
                              "torch_threads": done["torch_threads"]})
             profile = None
@@ -544,7 +573,12 @@ def main(argv: list[str] | None = None) -> int:
                 profile = profile_report(root / "rlvr-profiled", done["steps"])
         load["after_training"] = load_average()
         print("evaluating the adapters (greedy, one evaluator)...", flush=True)
-        accuracy = evaluate(settings, {run["name"]: root / run["name"] / "adapter.safetensors" for run in runs})
+        accuracy = {}
+        for seed in seeds:  # each seed holds out its own problems
+            by_seed = evaluate(replace(settings, seed=seed), {run["name"]: root / run["name"] / "adapter.safetensors"
+                                                              for run in runs if run["seed"] == seed})
+            accuracy.update({("base" if len(seeds) == 1 else f"base-{seed}") if k == "base" else k: v
+                             for k, v in by_seed.items()})
         load["after"] = load_average()
     finally:
         if not args.keep:
@@ -562,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {seconds:8.2f}  {what}")
         print(profile["engine_by_tottime"])
     if args.json:
-        write_json(args.json, {"benchmark": "rl_step", "settings": asdict(settings), "machine": machine(),
+        write_json(args.json, {"benchmark": "rl_step", "settings": asdict(settings), "seeds": seeds,
+                               "machine": machine(),
                                "load_average": load, "runs": runs, "accuracy": accuracy, "summary": summary,
                                "profile": profile})
     return 0
