@@ -245,13 +245,12 @@ def timed(fn: Callable[..., Any], totals: dict[str, float], name: str) -> Callab
     return wrapper
 
 
-def run_trl(settings: Settings, out: Path) -> dict[str, Any]:
-    """Train with TRL's GRPOTrainer; write the final adapter to ``out/adapter.safetensors``."""
+def trl_trainer(settings: Settings, out: Path, callbacks: list[Any]) -> Any:
+    """TRL's GRPOTrainer set up as this benchmark matches it to rlvr (module docstring), with ``callbacks``."""
     import torch
     from datasets import Dataset
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from rlvr.engine.models import ensure_smollm2
@@ -280,6 +279,22 @@ def run_trl(settings: Settings, out: Path) -> dict[str, Any]:
         warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-12, max_grad_norm=0.0,
         bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, disable_dropout=True,
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=callbacks)
+    check_prompt = trainer.processing_class.apply_chat_template(
+        [source.messages(problems[0])], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"][0]
+    if list(check_prompt) != source.render_ids(problems[0], tokenizer):
+        raise RuntimeError("TRL's prompt tokens differ from rlvr's for the same problem; the comparison would be "
+                           "unfair")
+    return trainer
+
+
+def run_trl(settings: Settings, out: Path) -> dict[str, Any]:
+    """Train with TRL's GRPOTrainer; write the final adapter to ``out/adapter.safetensors``."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+    from transformers import TrainerCallback
+
     phases: dict[str, float] = {}
     steps: list[dict[str, float]] = []
 
@@ -300,13 +315,7 @@ def run_trl(settings: Settings, out: Path) -> dict[str, Any]:
                 steps[-1]["reward_mean"] = logs["reward"]
                 steps[-1]["completion_tokens"] = logs.get("completions/mean_length", float("nan"))
 
-    trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[StepTimer()])
-    check_prompt = trainer.processing_class.apply_chat_template(
-        [source.messages(problems[0])], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"][0]
-    if list(check_prompt) != source.render_ids(problems[0], tokenizer):
-        raise RuntimeError("TRL's prompt tokens differ from rlvr's for the same problem; the comparison would be "
-                           "unfair")
+    trainer = trl_trainer(settings, out, [StepTimer()])
     trainer._generate_single_turn = timed(trainer._generate_single_turn, phases, "sample")
     trainer._calculate_rewards = timed(trainer._calculate_rewards, phases, "score")
     started = time.perf_counter()
