@@ -4,7 +4,7 @@
 Each run trains ``--steps`` steps in a fresh subprocess; runs alternate rlvr, TRL, rlvr, TRL ... (``--repeats``
 pairs per seed) so that whatever else the machine is doing falls on both. ``--seeds 0,1,2`` runs the pairs on each
 seed (problem order, LoRA initialisation, sampling) and compares mean accuracies: after a few steps one seed is
-one trajectory, and held-out accuracy swings by about 0.1 between trajectories, so one seed cannot say which system
+one trajectory, and held-out accuracy swings by up to 0.25 between trajectories, so one seed cannot say which system
 learns better. Printed: each step's wall time for both, the mean,
 the ratio (TRL s/step over rlvr s/step), and held-out greedy accuracy after the last step for both, measured by one
 evaluator in this process: both LoRA results are loaded as peft adapters onto one copy of the model and answer the

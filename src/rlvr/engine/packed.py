@@ -36,7 +36,6 @@ from rlvr.errors import ConfigurationError
 
 PACK_MAX_BYTES = 2**30  # pack only models whose float32 linear weights fit in this (each pack is one more copy)
 _CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
-AUTOMATIC = ("mkl", "mkldnn")  # the packs timing may choose (RLVR_MATMUL overrides)
 
 
 def pack_kinds() -> list[str]:
@@ -66,24 +65,23 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
 
 
 def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
-    """The kernel that multiplies ``rows`` rows by ``weight`` fastest here among ``kinds`` (default: all) that
-    timing may pick (``AUTOMATIC``), or "" when a plain ``F.linear`` is as fast; ``RLVR_MATMUL`` overrides. Timed
-    on the first call for ``use``, then the same answer for the rest of the process."""
+    """The kernel that multiplies ``rows`` rows by ``weight`` fastest here among ``kinds`` (default: all this
+    torch has), or "" when a plain ``F.linear`` is as fast; ``RLVR_MATMUL`` overrides. Timed on the first call for
+    ``use``, then the same answer for the rest of the process."""
+    available = [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds()]
     forced = os.environ.get("RLVR_MATMUL", "")
     if forced:
-        allowed = [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds()]
-        if forced != "plain" and forced not in allowed:
-            raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {allowed} (this torch, this "
+        if forced != "plain" and forced not in available:
+            raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {available} (this torch, this "
                                      "use), or unset it to choose by timing")
         return "" if forced == "plain" else forced
-    choices = [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds() and k in AUTOMATIC]
-    if use not in _CHOSEN and not choices:  # nothing to compare with F.linear (the trainer's use): no timing
+    if use not in _CHOSEN and not available:  # this torch has no packed matmul to compare with F.linear
         _CHOSEN[use] = ""
     if use not in _CHOSEN:
         x = torch.randn(rows, weight.shape[1])
         shape = torch.zeros(1, 1).expand(weight.shape)
         candidates = {"": lambda: F.linear(x, weight)}
-        for kind in choices:
+        for kind in available:
             packed = pack(weight, kind, rows)
             candidates[kind] = lambda kind=kind, packed=packed: packed_linear(x, packed, kind, shape, None, rows)
         best = {}
