@@ -32,6 +32,25 @@ def reference_logits(model, sequence: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([sequence])).logits[0, -1].float()
 
 
+def decode_against_the_model(model, decoder, prompts, rows, keeps: dict[int, list[int]], seed: int) -> None:
+    """Six decode steps of random tokens, each step's logits checked against a plain forward over every live row's
+    sequence; after step ``i`` in ``keeps`` only those rows go on."""
+    sequences = [list(prompts[r]) for r in rows.tolist()]
+    live = list(range(len(sequences)))
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(6):
+        tokens = torch.randint(1, 200, (len(live),), generator=gen)
+        positions = torch.tensor([len(sequences[r]) for r in live])
+        for r, t in zip(live, tokens.tolist(), strict=True):
+            sequences[r].append(t)
+        logits = decoder.step(tokens, positions)
+        expected = torch.stack([reference_logits(model, sequences[r]) for r in live])
+        torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-4)
+        if step in keeps:
+            decoder.keep(torch.tensor(keeps[step]))
+            live = [live[i] for i in keeps[step]]
+
+
 @pytest.mark.parametrize("adapter", [None, "a"])
 @pytest.mark.parametrize("packed", ["", "mkldnn", "mkl"])
 def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
@@ -47,22 +66,44 @@ def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
         cache, mask, _ = prefill(model, prompts, pad_id=0)
         decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
         assert (decoder.head.packed is not None) == bool(packed)
-        sequences = [list(prompts[r]) for r in rows.tolist()]
-        live = list(range(len(sequences)))
-        gen = torch.Generator().manual_seed(0)
-        for step in range(6):
-            tokens = torch.randint(1, 200, (len(live),), generator=gen)
-            positions = torch.tensor([len(sequences[r]) for r in live])
-            for r, t in zip(live, tokens.tolist(), strict=True):
-                sequences[r].append(t)
-            logits = decoder.step(tokens, positions)
-            expected = torch.stack([reference_logits(model, sequences[r]) for r in live])
-            torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-4)
-            if step in (1, 3):  # rows finish: first lazily (slots kept), then enough of them to compact
-                keep = [0, 2, 4] if step == 1 else [1, 2]
-                decoder.keep(torch.tensor(keep))
-                live = [live[i] for i in keep]
+        # rows finish: first lazily (slots kept), then enough of them to compact
+        decode_against_the_model(model, decoder, prompts, rows, {1: [0, 2, 4], 3: [1, 2]}, seed=0)
         assert decoder.keys[0].shape[0] == 2  # compacted to the two live rows (oneDNN's pack still serves them)
+
+
+@pytest.mark.parametrize(("rows", "sizes", "keeps"), [
+    ([0, 0, 0, 1, 1, 1], [3, 2, 1], [[0, 1, 3, 4], [0, 2, 3]]),  # equal groups; rows of both prompts finish
+    ([0, 0, 0, 0, 1, 1, 1, 1, 2, 2], [2, 1], [[0, 1, 2, 4, 5, 6, 7]]),  # groups of 4, 4, 2 in chunks of 2
+    ([0, 0, 0, 0, 0, 1, 1, 1], [3, 2, 3], [[0, 1, 2, 3, 5, 6], [0, 1, 2, 5]]),  # 5 + 3 rows: idle slots
+])
+def test_chunked_prompts_give_the_models_logits(host, rows, sizes, keeps, monkeypatch):
+    # Rows of one prompt share its keys and values in chunks; every layout (chunk sizes forced: one per layout,
+    # at the start and at each compaction) must give each row the logits of a plain forward over its sequence,
+    # also after rows finish and their generated columns move to new slots.
+    chosen = iter(sizes)
+    monkeypatch.setattr(decode, "chunk_size", lambda counts, *_: min(next(chosen), max(counts)))
+    prompts = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
+    rows = torch.tensor(rows)
+    with host.active("a") as model:
+        decoder = LlamaDecoder.build(model)
+        cache, mask, _ = prefill(model, prompts[: int(rows.max()) + 1], pad_id=0)
+        decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
+        assert decoder.chunk == sizes[0] > 1
+        assert len(decoder.prompt_keys[0]) == decoder.keys[0].shape[0] // sizes[0]  # the prompt once per chunk
+        decode_against_the_model(model, decoder, prompts, rows, dict(enumerate(keeps)), seed=1)
+        assert next(chosen, None) is None  # every layout was used: each keep compacted
+
+
+def test_chunk_size_minimises_the_step_cost():
+    # cost(size) = chunks * size * (slot_cost + generated) + chunks * prompt_width, by hand:
+    assert decode.chunk_size([8, 8], slot_cost=300, generated=0, prompt_width=50) == 8  # no idle slot: share all
+    # [5, 3]: size 5 -> 2 chunks, 10 slots: 10 * 300 + 2 * 50 = 3100; 4 -> 3 chunks, 12 slots: 3750; 3 -> 3 chunks,
+    # 9 slots: 2850; 2 -> 5 chunks, 10 slots: 3250; 1 -> 8 chunks, 8 slots: 2400 + 400 = 2800, the cheapest
+    assert decode.chunk_size([5, 3], slot_cost=300, generated=0, prompt_width=50) == 1
+    # a long prompt pays for an idle slot: size 5 -> 10 * 300 + 2 * 2000 = 7000, size 4 -> 12 * 300 + 3 * 2000
+    # = 9600, size 3 -> 9 * 300 + 3 * 2000 = 8700, size 2 -> 8 * 300 + 4 * 2000 = 10400, size 1 -> 18400
+    assert decode.chunk_size([5, 3], slot_cost=300, generated=0, prompt_width=2000) == 5
+    assert decode.chunk_size([1, 1, 1], slot_cost=300, generated=10, prompt_width=50) == 1
 
 
 def test_adapter_changes_the_logits(host):

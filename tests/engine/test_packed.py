@@ -78,3 +78,72 @@ def test_the_environment_can_fix_the_kernel(monkeypatch):
     monkeypatch.setenv("RLVR_MATMUL", "mkl")
     with pytest.raises(ConfigurationError, match="RLVR_MATMUL='mkl': choose plain or one of \\['mkldnn'\\]"):
         packed.fastest_kind("train", weight, 16, kinds=["mkldnn"])
+
+
+# -- precision ----------------------------------------------------------------------------------------------------
+
+def bf16_available() -> bool:
+    try:
+        packed.base_precision("bfloat16")
+    except ConfigurationError:
+        return False
+    return True
+
+
+needs_bf16 = pytest.mark.skipif(not bf16_available(), reason="no oneDNN bfloat16 matmul on this CPU")
+
+
+def test_precision_is_float32_unless_asked_and_checked(monkeypatch):
+    monkeypatch.delenv("RLVR_PRECISION", raising=False)
+    assert packed.base_precision() == "float32"
+    with pytest.raises(ConfigurationError, match=r"precision='float16': choose one of \['float32', 'bfloat16'\]"):
+        packed.base_precision("float16")
+    monkeypatch.setenv("RLVR_PRECISION", "fp8")
+    with pytest.raises(ConfigurationError, match="RLVR_PRECISION='fp8'"):
+        packed.base_precision()
+    assert packed.base_precision("float32") == "float32"  # an explicit choice wins over the environment
+
+
+def bf16_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b.T of the bfloat16-rounded operands, summed exactly, rounded to bfloat16: what the kernel should give."""
+    return (a.bfloat16().double() @ b.bfloat16().double().T).bfloat16().float()
+
+
+@needs_bf16
+def test_a_bfloat16_frozen_linear_is_the_bfloat16_product():
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(64, 96).requires_grad_(False)
+    weight, bias = layer.weight.detach().clone(), layer.bias.detach().clone()
+    assert packed.pack_frozen_linears(layer, "bfloat16") == 1
+    assert packed.model_kind(layer) == "bf16"
+    x = torch.randn(5, 64, generator=gen, requires_grad=True)
+    grad = torch.randn(5, 96, generator=gen)
+    out = layer(x)
+    (out * grad).sum().backward()
+    # Sums in float32 may differ from the exact sum in the last bits before rounding to bfloat16: one bfloat16 step.
+    expected = bf16_product(x.detach(), weight) + bias
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=2**-7)
+    torch.testing.assert_close(x.grad, bf16_product(grad, weight.T), atol=1e-6, rtol=2**-7)
+    assert (out - F.linear(x, weight, bias)).abs().max() > 1e-4  # not float32: the test above can tell
+
+
+@needs_bf16
+def test_the_sampler_multiplies_in_the_trainers_precision():
+    # A host in bfloat16 packs its frozen linears in bfloat16, and the decoder it samples with follows: its
+    # logits are the model's own forward's (bfloat16 too) to bfloat16 rounding, and far from float32's.
+    from rlvr.engine.decode import LlamaDecoder
+    from rlvr.engine.sampler import prefill
+
+    host = AdapterHost(load_base_model("tiny"), "bfloat16")
+    reference = load_base_model("tiny").model
+    decoder = LlamaDecoder.build(host.model)
+    prompt = [5, 6, 7, 8]
+    cache, mask, _ = prefill(host.model, [prompt], pad_id=0)
+    decoder.start(cache, mask, torch.tensor([0, 0]), capacity=8)
+    assert decoder.head.pack_kind == "bf16"
+    logits = decoder.step(torch.tensor([9, 9]), torch.tensor([4, 4]))
+    with torch.inference_mode():
+        own = host.model(input_ids=torch.tensor([[*prompt, 9]])).logits[0, -1]
+        float32 = reference(input_ids=torch.tensor([[*prompt, 9]])).logits[0, -1]
+    torch.testing.assert_close(logits[0], own, atol=0.02, rtol=0.02)
+    assert (own - float32).abs().max() > 1e-4

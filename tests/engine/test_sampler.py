@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import rlvr
 from datums import rl_datum
 from rlvr import types
 from rlvr.engine.sampler import DecodeSettings, choose_tokens
@@ -86,6 +87,31 @@ def test_released_snapshots_are_reused_with_the_new_weights(service):
         tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()  # also waits for the queued release
         counts.append(len(host.specs))
     assert counts[-1] == counts[2], counts  # steady state: no adapter per publication
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_prompt_logprobs_equal_the_trainers_to_the_bit(precision):
+    # compute_logprobs runs the trainer's own computation on the same shapes, so at equal weights the two agree
+    # exactly in either precision (in bfloat16 any other path differs by rounding that grows through the layers):
+    # the loop's sampler-freshness probe relies on it.
+    from rlvr.engine import Engine
+    from rlvr.engine.packed import base_precision
+
+    if precision == "bfloat16":
+        try:
+            base_precision("bfloat16")
+        except ConfigurationError:
+            pytest.skip("no oneDNN bfloat16 matmul on this CPU")
+    service = rlvr.ServiceClient(Engine(precision=precision))
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=3)
+    tokens = tc.get_tokenizer().encode("the same tokens, twice")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    tc.forward_backward([datum], "cross_entropy")
+    tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    got = tc.save_weights_and_get_sampling_client().compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    want = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert got[1:] == want
 
 
 def test_seeded_sampling_reproduces_and_seeds_differ(trained):

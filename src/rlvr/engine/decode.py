@@ -7,12 +7,17 @@ flash kernel on a query of length 1. This module runs the same arithmetic with t
 - each projection is one matmul on the base weight plus, per active LoRA adapter, the adapter's A once per input
   (q, k and v share one A-matmul, so do gate and up) and one ``addmm_`` per B, scaled as peft scales it. Adapters
   stay unmerged, so any number of sampler snapshots share the one base model;
-- keys and values live in per-layer buffers sized for the whole decode (prompt + ``max_tokens``): a step writes
+- rows that continue one prompt sit in chunks of consecutive slots, and a chunk holds its prompt's keys and values
+  once: attention reads a prompt once per chunk (its rows' queries side by side in one product), not once per row,
+  and only the generated columns once per row. The chunk size is the one whose step costs least (``chunk_size``:
+  an idle slot at the end of a prompt's last chunk costs a whole row's matmuls);
+- generated keys and values live in per-layer buffers sized for the whole decode (``max_tokens``): a step writes
   one column, nothing is concatenated or reallocated;
-- attention is grouped-query attention as two batched matmuls over the live columns, with the prompts' left
-  padding masked by a precomputed bias;
+- attention is grouped-query attention as batched matmuls over the prompt's and the live generated columns, one
+  softmax over both, with the prompts' left padding masked by a precomputed bias;
 - rows that finish are dropped lazily: they stay in the buffers (their outputs ignored) until a quarter of the
-  rows are finished, then the buffers are compacted once, instead of copying every cache at every finish.
+  slots are finished, then the live rows are laid out in chunks anew, instead of copying every cache at every
+  finish.
 
 The prompt is prefilled by the model's own forward (so prompt processing is Hugging Face's, and the first sampled
 token's logits are its logits); from there each step is this module's. ``tests/engine/test_decode.py`` checks
@@ -33,9 +38,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvr.engine.packed import PACK_MAX_BYTES, fastest_kind, pack, pack_kinds, packed_linear
+from rlvr.engine.packed import PACK_MAX_BYTES, fastest_kind, model_kind, pack, pack_kinds, packed_linear
 
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
+MACHINE_BALANCE = 20.0  # FLOPs per byte of memory read at which a 2-core CPU's matmuls and memory take equal time
 
 
 @dataclass
@@ -52,7 +58,9 @@ class _Projections:
 
     With ``packed`` set, the fused base weights run as one matmul on weights prepacked for this machine's fastest
     kernel (``pack_kind``: oneDNN's serves any row count, MKL's only batches of exactly ``pack_rows`` rows; other
-    batch sizes use the module weights directly). The result is the same product either way, up to rounding.
+    batch sizes use the module weights directly). The result is the same product either way, up to rounding; or,
+    with ``pack_kind`` "bf16" (the model's frozen linears run in bfloat16, ``packed.base_precision``), the same
+    bfloat16 product as the trainer's.
     """
 
     weights: list[torch.Tensor]
@@ -66,7 +74,7 @@ class _Projections:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """All outputs side by side, (R, sum of output sizes), in the order of the modules."""
-        if self.packed is not None and (self.pack_kind == "mkldnn" or x.shape[0] == self.pack_rows):
+        if self.packed is not None and (self.pack_kind != "mkl" or x.shape[0] == self.pack_rows):
             out = packed_linear(x, self.packed, self.pack_kind, self.pack_shape, self.pack_bias, self.pack_rows)
         elif len(self.weights) == 1:
             out = F.linear(x, self.weights[0], self.biases[0])
@@ -127,11 +135,12 @@ def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], r
     timing on the first batch; about 0.5 s and one more copy of the weights for SmolLM2). oneDNN's packs serve
     every batch; MKL's are for one row count and are rebuilt when a batch of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)
-    if not pack_kinds() or size > PACK_MAX_BYTES:
+    bf16 = model_kind(causal_lm) == "bf16"  # the trainer multiplies in bfloat16: so must the sampler
+    if not bf16 and (not pack_kinds() or size > PACK_MAX_BYTES):
         return
     kind, packed_rows, packs = _PACKS.get(causal_lm, (None, 0, []))
     if kind is None:
-        kind = fastest_kind("decode", torch.cat(projections[0].weights), max(rows, 16))
+        kind = "bf16" if bf16 else fastest_kind("decode", torch.cat(projections[0].weights), max(rows, 16))
     if kind and (not packs or (kind == "mkl" and packed_rows != rows)):
         packs.clear()  # free the old packs before building new ones
         packs = [pack(torch.cat(p.weights), kind, rows) for p in projections]
@@ -169,6 +178,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tor
     return torch.addcmul(x * cos, swapped, signed_sin)
 
 
+def chunk_size(counts: list[int], slot_cost: float, generated: int, prompt_width: int) -> int:
+    """How many slots a chunk gets, for prompts continued by ``counts`` live rows each: the size whose step costs
+    least, a slot costing ``slot_cost`` (its matmuls) plus its ``generated`` columns of keys and values read, and a
+    chunk its ``prompt_width`` prompt columns, read once for all its slots. Idle slots (a prompt's rows not filling
+    its last chunk) cost as much as busy ones; ties go to the larger size."""
+    def cost(size: int) -> float:
+        chunks = sum(-(-n // size) for n in counts)
+        return chunks * size * (slot_cost + generated) + chunks * prompt_width
+    return min(range(max(counts), 0, -1), key=cost)
+
+
 class LlamaDecoder:
     """Decodes rows one token at a time from a prefilled cache; see the module docstring."""
 
@@ -182,13 +202,26 @@ class LlamaDecoder:
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5
-        # Per layer (S, G, capacity, D): S slots, G key/value heads. (Keys stored transposed make the scores a
-        # quarter faster, but writing one strided column per step costs as much again.)
+        # A slot's matmuls per step, in the time of reading one column of keys and values of every layer.
+        projections = [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        linear = sum(w.numel() for p in [*projections, head] for w in p.weights)
+        column_bytes = 2 * len(layers) * self.num_kv_heads * self.head_dim * 4
+        self.slot_cost = 2 * linear / (MACHINE_BALANCE * column_bytes)
+        # Slots come in chunks of ``chunk`` consecutive slots that continue the same prompt. Per layer: the prompt's
+        # keys and values once per chunk, (C, G, P, D), and each slot's generated ones, (S, G, capacity - P, D),
+        # with S = C * chunk slots and G key/value heads. (Keys stored transposed make the scores a quarter faster,
+        # but writing one strided column per step costs as much again.)
+        self.prompts: list[tuple[torch.Tensor, torch.Tensor]] = []  # distinct prompts' cache per layer (U, G, P, D)
+        self.prompt_mask = torch.empty(0)  # (U, P): 1 on prompt tokens, 0 on left padding
+        self.prompt_keys: list[torch.Tensor] = []
+        self.prompt_values: list[torch.Tensor] = []
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.bias = torch.empty(0)  # (S, 1, 1, capacity): 0 where a slot attends, -inf on its prompt's left padding
+        self.chunk = 1
+        self.slot_prompt = torch.empty(0, dtype=torch.long)  # (S,) the prompt each slot continues
+        self.bias = torch.empty(0)  # (C, 1, 1, P): 0 where a chunk's prompt attends, -inf on its left padding
         self.padded = False  # whether any prompt is left-padded (else the bias is all zeros and skipped)
-        self.length = 0  # columns written
+        self.generated = 0  # generated columns written
         self.slots = torch.empty(0, dtype=torch.long)  # (R,) the buffer slot of each live row
 
     @classmethod
@@ -218,31 +251,48 @@ class LlamaDecoder:
         width = attention_mask.shape[1]
         projections = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         _attach_packs(self.causal_lm, [*projections, self.head], len(rows))
-        self.keys, self.values = [], []
-        for layer in prompt_cache.layers:
-            keys = layer.keys.new_zeros((len(rows), self.num_kv_heads, capacity, self.head_dim))
-            values = torch.zeros_like(keys)
-            keys[:, :, :width] = layer.keys[rows]
-            values[:, :, :width] = layer.values[rows]
-            self.keys.append(keys)
-            self.values.append(values)
-        self.bias = torch.zeros((len(rows), 1, 1, capacity))
-        self.bias[:, 0, 0, :width].masked_fill_(attention_mask[rows] == 0, float("-inf"))
+        self.prompts = [(layer.keys, layer.values) for layer in prompt_cache.layers]
+        self.prompt_mask = attention_mask
         self.padded = bool((attention_mask == 0).any())
-        self.length = width
-        self.slots = torch.arange(len(rows))
+        self.generated = 0
+        self.keys = [torch.empty(0, self.num_kv_heads, capacity - width, self.head_dim)] * len(self.prompts)
+        self.values = list(self.keys)
+        self.slot_prompt = torch.empty(0, dtype=torch.long)
+        self._layout(rows, torch.empty(0, dtype=torch.long))
+
+    def _layout(self, row_prompt: torch.Tensor, row_slot: torch.Tensor) -> None:
+        """Lay the live rows (row r continues prompt ``row_prompt[r]``; its generated columns so far are in slot
+        ``row_slot[r]`` of the current buffers) out in chunks of ``chunk_size`` slots: rows of one prompt fill its
+        chunks, the last chunk of a prompt may have idle slots. The prompt's keys and values are copied once per
+        chunk, the generated ones once per row."""
+        prompts, counts = torch.unique(row_prompt, return_counts=True)
+        size = chunk_size(counts.tolist(), self.slot_cost, self.generated, self.prompt_mask.shape[1])
+        chunk_prompt, slots = [], torch.empty(len(row_prompt), dtype=torch.long)
+        for prompt, count in zip(prompts.tolist(), counts.tolist(), strict=True):
+            members = (row_prompt == prompt).nonzero().squeeze(-1)
+            first = len(chunk_prompt) * size
+            slots[members] = torch.arange(first, first + count)
+            chunk_prompt += [prompt] * ((count + size - 1) // size)
+        chunk_prompt = torch.tensor(chunk_prompt)
+        total, n = len(chunk_prompt) * size, self.generated
+        for store in (self.keys, self.values):
+            for i, buffer in enumerate(store):
+                store[i] = buffer.new_zeros((total, *buffer.shape[1:]))
+                if n:
+                    store[i][slots, :, :n] = buffer[row_slot, :, :n]
+        self.prompt_keys = [keys[chunk_prompt] for keys, _ in self.prompts]
+        self.prompt_values = [values[chunk_prompt] for _, values in self.prompts]
+        self.bias = torch.zeros((len(chunk_prompt), 1, 1, self.prompt_mask.shape[1]))
+        self.bias[:, 0, 0].masked_fill_(self.prompt_mask[chunk_prompt] == 0, float("-inf"))
+        self.chunk = size
+        self.slot_prompt = chunk_prompt.repeat_interleave(size)
+        self.slots = slots
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only these live rows (indices into the current live rows) continue."""
         self.slots = self.slots[rows]
         if len(self.slots) <= (1 - COMPACT_FRACTION) * self.keys[0].shape[0]:
-            slots, n = self.slots, self.length
-            for store in (self.keys, self.values):
-                for i, buffer in enumerate(store):
-                    store[i] = buffer.new_empty((len(slots), *buffer.shape[1:]))
-                    store[i][:, :, :n] = buffer[slots, :, :n]
-            self.bias = self.bias[slots]
-            self.slots = torch.arange(len(slots))
+            self._layout(self.slot_prompt[self.slots], self.slots)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -256,19 +306,28 @@ class LlamaDecoder:
         cos, sin = self.model.rotary_emb(x, positions[:, None])  # (S, 1, D)
         half = sin.shape[-1] // 2
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        column, self.length = self.length, self.length + 1
-        bias = self.bias[..., : self.length]  # (S, 1, 1, T)
+        column, self.generated = self.generated, self.generated + 1
         S, H, G, D = slots_total, self.num_heads, self.num_kv_heads, self.head_dim
-        for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
+        C, c, Q, P = S // self.chunk, self.chunk, H // G, self.bias.shape[-1]
+        for layer, keys, values, prompt_keys, prompt_values in zip(
+                self.layers, self.keys, self.values, self.prompt_keys, self.prompt_values, strict=True):
             qkv = layer.qkv(_rms_norm(layer.attn_norm, x))  # (S, (H + 2G) D)
             qk = _rotate(qkv[:, : (H + G) * D].view(S, H + G, D), cos, signed_sin)  # queries and the new keys
             keys[:, :, column] = qk[:, H:]
             values[:, :, column] = qkv[:, (H + G) * D :].view(S, G, D)
-            q = qk[:, :H].view(S, G, H // G, D)  # query heads grouped by the key/value head they share
-            scores = torch.matmul(q, keys[:, :, : self.length].transpose(-1, -2)).mul_(self.scale)
+            q = qk[:, :H].view(S, G, Q, D)  # query heads grouped by the key/value head they share
+            # The prompt part: a chunk's queries side by side against its prompt's keys, read once per chunk.
+            by_chunk = q.view(C, c, G, Q, D).transpose(1, 2).reshape(C, G, c * Q, D)
+            prompt_scores = torch.matmul(by_chunk, prompt_keys.transpose(-1, -2))  # (C, G, c Q, P)
             if self.padded:
-                scores.add_(bias)
-            attended = torch.matmul(scores.softmax(dim=-1), values[:, :, : self.length])  # (S, G, H/G, D)
+                prompt_scores.add_(self.bias)
+            prompt_scores = prompt_scores.view(C, G, c, Q, P).transpose(1, 2).reshape(S, G, Q, P)
+            own_scores = torch.matmul(q, keys[:, :, : self.generated].transpose(-1, -2))  # (S, G, Q, n)
+            weights = torch.cat((prompt_scores, own_scores), dim=-1).mul_(self.scale).softmax(dim=-1)
+            to_prompt = weights[..., :P].reshape(C, c, G, Q, P).transpose(1, 2).reshape(C, G, c * Q, P)
+            attended = torch.matmul(weights[..., P:], values[:, :, : self.generated])  # (S, G, Q, D)
+            from_prompt = torch.matmul(to_prompt, prompt_values)  # (C, G, c Q, D)
+            attended.view(C, c, G, Q, D).add_(from_prompt.view(C, G, c, Q, D).transpose(1, 2))
             x = x.add_(layer.o(attended.view(S, H * D)))
             gate_up = layer.gate_up(_rms_norm(layer.mlp_norm, x))
             inner = gate_up.shape[-1] // 2

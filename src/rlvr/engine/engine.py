@@ -32,6 +32,7 @@ from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.losses import resolve_loss
 from rlvr.engine.models import canonical_name, load_base_model
 from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
+from rlvr.engine.packed import base_precision
 from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
 from rlvr.engine.sampler import SampleJob, resolve_params, sample_batch
 from rlvr.errors import CheckpointError, InvalidDatumError, SamplingError
@@ -101,7 +102,9 @@ class Engine:
     _default: Engine | None = None
     _default_lock = threading.Lock()
 
-    def __init__(self, max_tokens_per_microbatch: int = 4096, max_sample_rows: int = 128) -> None:
+    def __init__(self, max_tokens_per_microbatch: int = 4096, max_sample_rows: int = 128,
+                 precision: str | None = None) -> None:
+        self.precision = base_precision(precision)  # float32, or bfloat16 base matmuls (``packed.base_precision``)
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self.max_sample_rows = max_sample_rows
         self._pending: list[_PendingSample] = []
@@ -135,7 +138,7 @@ class Engine:
     def host(self, base_model: str) -> AdapterHost:
         name = canonical_name(base_model)
         if name not in self._hosts:
-            self._hosts[name] = AdapterHost(load_base_model(name))
+            self._hosts[name] = AdapterHost(load_base_model(name), self.precision)
         return self._hosts[name]
 
     def _new_adapter_name(self, kind: str) -> str:
@@ -387,7 +390,8 @@ class Engine:
                 sequences = sample_batch(model, [r.job for r in requests],
                                          lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False),
                                          base.tokenizer.pad_token_id)
-                prompt_lps = [self._prompt_logprobs(model, r.job.prompt) if r.include_prompt_logprobs else None
+                prompt_lps = [self._prompt_logprobs(model, r.job.prompt, base.tokenizer.pad_token_id)
+                              if r.include_prompt_logprobs else None
                               for r in requests]
         except BaseException as exc:
             for request in requests:
@@ -410,16 +414,21 @@ class Engine:
     def compute_logprobs(self, handle: SamplerHandle, prompt: types.ModelInput) -> list[float | None]:
         tokens = model_input_tokens(prompt, self._vocab_size(handle.host), "prompt")
         with handle.host.active(handle.adapter) as model:
-            values = self._prompt_logprobs(model, tokens)
+            values = self._prompt_logprobs(model, tokens, handle.host.base.tokenizer.pad_token_id)
         return [None, *values[1:].tolist()]
 
     @torch.inference_mode()
-    def _prompt_logprobs(self, model: torch.nn.Module, tokens: list[int]) -> np.ndarray:  # (T,)
-        """log p(token_i | tokens_<i) for i >= 1, NaN at position 0."""
-        ids = torch.tensor([tokens])
-        logits = model(input_ids=ids).logits[0, :-1].float()  # (T-1, V)
-        values = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        return np.concatenate([[np.nan], values.numpy()]).astype(np.float32)
+    def _prompt_logprobs(self, model: torch.nn.Module, tokens: list[int], pad_id: int) -> np.ndarray:  # (T,)
+        """log p(token_i | tokens_<i) for i >= 1, NaN at position 0. Computed exactly as ``forward`` computes a
+        datum of these tokens (same function, same shapes), so the two agree to the bit at equal weights, in either
+        precision; the loop's sampler-freshness probe relies on that."""
+        if len(tokens) < 2:
+            return np.full(len(tokens), np.nan, dtype=np.float32)
+        inputs, targets = [torch.tensor(tokens[:-1])], [torch.tensor(tokens[1:])]
+        values: list[torch.Tensor] = []
+        for clusters in plan([tokens[:-1]], self.max_tokens_per_microbatch):
+            values += cluster_logprobs(model, inputs, targets, clusters, pad_id).values()
+        return np.concatenate([[np.nan], torch.cat(values).float().numpy()]).astype(np.float32)
 
     @staticmethod
     def _vocab_size(host: AdapterHost) -> int:

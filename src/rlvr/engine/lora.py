@@ -61,9 +61,10 @@ class LoraSpec:
 class AdapterHost:
     """A base model with named LoRA adapters, one active at a time."""
 
-    def __init__(self, base: LoadedModel) -> None:
+    def __init__(self, base: LoadedModel, precision: str = "float32") -> None:
         self.base = base
-        pack_frozen_linears(base.model)  # base weights never train here: prepacked matmuls where they are faster
+        # Base weights never train here: prepacked matmuls, in bfloat16 if asked (packed.base_precision).
+        pack_frozen_linears(base.model, precision)
         self.peft: PeftModel | None = None
         self.specs: dict[str, LoraSpec] = {}
         self._retired: list[str] = []  # snapshot adapters no sampler uses, kept for ``copy`` to reuse
