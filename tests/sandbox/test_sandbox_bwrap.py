@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +39,20 @@ def wrapped() -> Iterator[Sandbox]:
 def test_wrapped_server_runs_jobs(wrapped: Sandbox) -> None:
     assert wrapped.layers["bwrap"]["active"]
     assert wrapped.run("def f():\n    return 2\n", ["assert f() == 2"]).passed
+
+
+def test_read_only_paths_under_tmp_stay_visible() -> None:
+    # rlvr checked out or installed under /tmp: its code must be bound over the private /tmp, not hidden by it.
+    works, why = _bwrap_works()
+    if not works:
+        pytest.skip(f"bwrap is not usable here: {why}")
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        script = Path(folder).resolve() / "server.py"
+        script.write_text("print('reached')\n")
+        argv = bwrap_module.command(bwrap_module.find(), [*bwrap_module.interpreter_paths(), str(script.parent)])
+        done = subprocess.run([*argv, os.path.realpath(sys.executable), "-I", "-S", str(script)],
+                              capture_output=True, text=True, timeout=30, env={})
+    assert done.returncode == 0 and done.stdout == "reached\n", done.stderr
 
 
 def test_wrapped_job_has_no_network(wrapped: Sandbox) -> None:

@@ -47,17 +47,18 @@ def command(bwrap: str, read_only: list[str], jobs_bytes: int | None = None, out
             args += ["--ro-bind", path, path]
     for path in _SYSTEM_FILES:
         args += ["--ro-bind-try", path, path]
-    covered = [p for p in _SYSTEM_DIRS if not os.path.islink(p)]
-    for path in sorted({os.path.realpath(p) for p in read_only if os.path.exists(p)}):
-        if not any(path == c or path.startswith(c + os.sep) for c in covered):
-            args += ["--ro-bind", path, path]
-            covered.append(path)
     args += ["--proc", "/proc", "--dev", "/dev"]
     if jobs_bytes is not None:
         args += ["--size", str(jobs_bytes)]
     args += ["--tmpfs", "/tmp"]
     if out_bytes is not None:
         args += ["--size", str(out_bytes), "--tmpfs", f"{INNER_ROOT}/out"]
+    # After the private /tmp, so that code checked out or installed under /tmp stays visible (bound over it).
+    covered = [p for p in _SYSTEM_DIRS if not os.path.islink(p)]
+    for path in sorted({os.path.realpath(p) for p in read_only if os.path.exists(p)}):
+        if not any(path == c or path.startswith(c + os.sep) for c in covered):
+            args += ["--ro-bind", path, path]
+            covered.append(path)
     args += ["--chdir", "/tmp", "--"]
     return args
 
