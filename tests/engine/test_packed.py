@@ -82,15 +82,7 @@ def test_the_environment_can_fix_the_kernel(monkeypatch):
 
 # -- precision ----------------------------------------------------------------------------------------------------
 
-def bf16_available() -> bool:
-    try:
-        packed.base_precision("bfloat16")
-    except ConfigurationError:
-        return False
-    return True
-
-
-needs_bf16 = pytest.mark.skipif(not bf16_available(), reason="no oneDNN bfloat16 matmul on this CPU")
+needs_bf16 = pytest.mark.skipif(not packed.bfloat16_supported(), reason="no oneDNN bfloat16 matmul on this CPU")
 
 
 def test_precision_is_float32_unless_asked_and_checked(monkeypatch):

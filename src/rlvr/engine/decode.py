@@ -202,9 +202,10 @@ class LlamaDecoder:
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5
+        # Every projection of a step, the head last (fused and packed together by ``_attach_packs``).
+        self.projections = [*(p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)), head]
         # A slot's matmuls per step, in the time of reading one column of keys and values of every layer.
-        projections = [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        linear = sum(w.numel() for p in [*projections, head] for w in p.weights)
+        linear = sum(w.numel() for p in self.projections for w in p.weights)
         column_bytes = 2 * len(layers) * self.num_kv_heads * self.head_dim * 4
         self.slot_cost = 2 * linear / (MACHINE_BALANCE * column_bytes)
         # Slots come in chunks of ``chunk`` consecutive slots that continue the same prompt. Per layer: the prompt's
@@ -249,15 +250,13 @@ class LlamaDecoder:
         ``attention_mask`` (U, P) marking their left padding; row r continues prompt ``rows[r]``. ``capacity``:
         columns to reserve (prompt width + the most tokens any row may add)."""
         width = attention_mask.shape[1]
-        projections = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        _attach_packs(self.causal_lm, [*projections, self.head], len(rows))
+        _attach_packs(self.causal_lm, self.projections, len(rows))
         self.prompts = [(layer.keys, layer.values) for layer in prompt_cache.layers]
         self.prompt_mask = attention_mask
         self.padded = bool((attention_mask == 0).any())
         self.generated = 0
         self.keys = [torch.empty(0, self.num_kv_heads, capacity - width, self.head_dim)] * len(self.prompts)
         self.values = list(self.keys)
-        self.slot_prompt = torch.empty(0, dtype=torch.long)
         self._layout(rows, torch.empty(0, dtype=torch.long))
 
     def _layout(self, row_prompt: torch.Tensor, row_slot: torch.Tensor) -> None:

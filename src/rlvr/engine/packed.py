@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -62,10 +61,15 @@ def base_precision(precision: str | None = None) -> str:
     if chosen not in PRECISIONS:
         source = "precision" if precision else "RLVR_PRECISION"
         raise ConfigurationError(f"{source}={chosen!r}: choose one of {list(PRECISIONS)}")
-    if chosen == "bfloat16" and not ("mkldnn" in pack_kinds() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if chosen == "bfloat16" and not bfloat16_supported():
         raise ConfigurationError("precision bfloat16 needs oneDNN's bfloat16 matmul, which this torch or CPU lacks; "
                                  "use float32")
     return chosen
+
+
+def bfloat16_supported() -> bool:
+    """Whether this torch and CPU have oneDNN's bfloat16 matmul, which ``precision="bfloat16"`` runs on."""
+    return "mkldnn" in pack_kinds() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack_kinds() -> list[str]:
@@ -159,12 +163,11 @@ def _frozen_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 TRAIN_ROWS = 512  # the token count the trainer's kernel choice is timed at
-_MODEL_KINDS: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 
 
 def model_kind(model: torch.nn.Module) -> str:
     """The packed kernel ``pack_frozen_linears`` gave ``model``'s frozen linears: "mkldnn", "bf16", or "" (none)."""
-    return _MODEL_KINDS.get(model, "")
+    return getattr(model, "packed_kind", "")
 
 
 def pack_frozen_linears(model: torch.nn.Module, precision: str = "float32") -> int:
@@ -191,5 +194,5 @@ def pack_frozen_linears(model: torch.nn.Module, precision: str = "float32") -> i
         module.packed_weight_t = pack(weight.t().contiguous(), kind, TRAIN_ROWS)
         module.packed_kind = kind
         module.forward = _frozen_forward.__get__(module)
-    _MODEL_KINDS[model] = kind
+    model.packed_kind = kind
     return len(linears)
