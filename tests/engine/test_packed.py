@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlvr.engine import packed
+from rlvr.engine import Engine, packed
 from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.models import load_base_model
 from rlvr.errors import ConfigurationError
@@ -94,6 +94,18 @@ def test_precision_is_float32_unless_asked_and_checked(monkeypatch):
     with pytest.raises(ConfigurationError, match="RLVR_PRECISION='fp8'"):
         packed.base_precision()
     assert packed.base_precision("float32") == "float32"  # an explicit choice wins over the environment
+
+
+def test_the_shared_engine_keeps_its_precision(monkeypatch):
+    # One engine per process: asking it for another precision once it exists is an error, not a silent switch.
+    monkeypatch.setattr(Engine, "_default", None)
+    engine = Engine.default("float32")
+    assert Engine.default() is engine and Engine.default("float32") is engine
+    with pytest.raises(ConfigurationError, match="bfloat16"):  # on a CPU without it: base_precision says so
+        Engine.default("bfloat16")
+    if packed.bfloat16_supported():
+        with pytest.raises(ConfigurationError, match=r"already multiplies in float32 .* RLVR_PRECISION=bfloat16"):
+            Engine.default("bfloat16")
 
 
 def bf16_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

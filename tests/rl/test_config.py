@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rlvr.errors import ConfigurationError
-from rlvr.rl.config import RECIPES, TrainConfig, options, parse_overrides, resolve_config, save_config
+from rlvr.rl.config import PRECISIONS, RECIPES, TrainConfig, options, parse_overrides, resolve_config, save_config
 
 
 def test_precedence_defaults_recipe_file_overrides(tmp_path):
@@ -55,11 +55,18 @@ def test_overrides_parse_yaml_values_and_nest():
     (["stream_minibatches=-1"], "stream_minibatches=-1"),
     (["stream_minibatches=3", "num_substeps=2"], "a multiple of num_substeps=2"),
     (["max_steps_off_policy=-1"], "max_steps_off_policy=-1"),
+    (["precision=float16"], "precision='float16': choose one of ['float32', 'bfloat16']"),
 ])
 def test_bad_config_names_the_key(overrides, named):
     with pytest.raises(ConfigurationError) as info:
         resolve_config(overrides=overrides)
     assert named in str(info.value)
+
+
+def test_precision_choices_are_the_engines():
+    from rlvr.engine.packed import PRECISIONS as ENGINE_PRECISIONS  # the config module may not import torch
+
+    assert PRECISIONS == ENGINE_PRECISIONS
 
 
 def test_bad_config_file(tmp_path):

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from rlvr import types
+from rlvr.engine.packed import bfloat16_supported
 from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.rl.checkpoints import last_checkpoint
+from rlvr.rl.config import recorded_precision
 from rlvr.rl.loop import LoopConfig, check_sampler_fresh, train
 from rlvr.tasks.base import Problem, ProblemSource
 
@@ -122,6 +124,41 @@ train(config(Path({str(tmp_path)!r}), steps=3, save_every=1), SayA())
     assert last_checkpoint(run)["step"] == 1  # the second checkpoint never completed
     resumed = train(config(tmp_path, steps=3, resume=True), SayA())
     assert resumed["after"]["test/reward/scored:sum"] == 4
+
+
+def test_a_run_records_its_precision_and_a_resume_keeps_it(tmp_path):
+    from rlvr.engine import Engine
+
+    train(config(tmp_path / "a", steps=1), SayA())
+    assert recorded_precision(tmp_path / "a" / "run") == Engine.default().precision  # resolved, not None
+    if not bfloat16_supported():
+        pytest.skip("no oneDNN bfloat16 matmul on this CPU")
+    # In a fresh process: a run in bfloat16 (its frozen linears packed so), then its resume with precision unset.
+    script = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from pathlib import Path
+from test_loop import SayA, config
+from rlvr.engine import Engine
+from rlvr.engine.packed import model_kind
+from rlvr.rl.loop import train
+out = Path({str(tmp_path / "b")!r})
+first = train(config(out, steps=1, save_every=1, precision="bfloat16"), SayA())
+train(config(out, steps=2, resume=True), SayA())  # precision unset: the run's own, not float32
+print("@@", Engine.default().precision, model_kind(Engine.default().host("tiny").model))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RLVR_PRECISION"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "@@ bfloat16 bf16" in done.stdout
+    assert recorded_precision(tmp_path / "b" / "run") == "bfloat16"
+    assert [m["step"] for m in metrics_of(tmp_path / "b")] == [0, 1]
+    # This process's engine is float32: resuming the bfloat16 run here is refused, whichever way it is asked.
+    with pytest.raises(ConfigurationError, match="trained with precision=bfloat16; resuming it with precision="
+                                                 "float32"):
+        train(config(tmp_path / "b", steps=3, resume=True, precision="float32"), SayA())
+    with pytest.raises(ConfigurationError, match="already multiplies in float32"):
+        train(config(tmp_path / "b", steps=3, resume=True), SayA())
 
 
 def test_a_stale_sampler_is_detected(service):

@@ -86,11 +86,12 @@ class Placement(Protocol):
 
 
 def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: float = 10.0,
-                seed: int | None = None) -> tuple[RayServiceClient, RayRewardRunner]:
+                seed: int | None = None, precision: str | None = None) -> tuple[RayServiceClient, RayRewardRunner]:
     """Start the actors ``config`` (a ``DistributedConfig``) asks for; return ``(service, runner)`` for the loop.
 
     ``reward`` is what the runner scores with (it must survive cloudpickle: ConfigurationError otherwise, before
-    any model actor starts), ``timeout`` the seconds per reward call, ``seed`` seeds requests that bring no seed.
+    any model actor starts), ``timeout`` the seconds per reward call, ``seed`` seeds requests that bring no seed,
+    ``precision`` what the rlvr actors' engines multiply frozen base weights in (``packed.base_precision``).
     Connects to ``config.address`` unless this process is already connected to Ray.
     """
     from rlvr.distributed.rewards import RayRewardRunner
@@ -104,7 +105,7 @@ def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: 
     env = actor_env() or None
     share = 1 + config.num_samplers  # model-holding actors on one machine split its cores
     trainer = ray.remote(TrainerActor).options(name=f"rlvr-{tag}-trainer", num_cpus=0, max_restarts=0,
-                                               runtime_env=env).remote(share)
+                                               runtime_env=env).remote(share, precision)
     sampler_options = {"num_cpus": 0, "max_restarts": MAX_RESTARTS, "max_task_retries": 0,
                        "max_concurrency": SAMPLER_CONCURRENCY, "scheduling_strategy": "SPREAD", "runtime_env": env}
     if getattr(config, "sampler", "rlvr") == "vllm":
@@ -114,8 +115,8 @@ def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: 
                                                     **sampler_options).remote(i, dict(config.vllm_options))
                     for i in range(config.num_samplers)]
     else:
-        samplers = [ray.remote(SamplerActor).options(name=f"rlvr-{tag}-sampler-{i}", **sampler_options).remote(i, share)
-                    for i in range(config.num_samplers)]
+        samplers = [ray.remote(SamplerActor).options(name=f"rlvr-{tag}-sampler-{i}", **sampler_options)
+                    .remote(i, share, precision) for i in range(config.num_samplers)]
     try:
         runner.start()  # the reward actors start while the model actors import torch
         service = RayServiceClient(trainer, samplers, seed=seed)

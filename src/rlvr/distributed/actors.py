@@ -49,9 +49,9 @@ def _set_threads(share: int) -> None:
 class TrainerActor:
     """The training side: training clients on an in-process engine, and adapter publication."""
 
-    def __init__(self, thread_share: int = 1) -> None:
+    def __init__(self, thread_share: int = 1, precision: str | None = None) -> None:
         _set_threads(thread_share)
-        self._service = ServiceClient(engine=Engine())
+        self._service = ServiceClient(engine=Engine(precision=precision))
         self._clients: dict[str, TrainingClient] = {}
         self._ephemeral = 0
 
@@ -115,11 +115,11 @@ class TrainerActor:
 class SamplerActor(RestartableActor):
     """One sampler replica: the base model plus the adapters published to it, each verified by its hash."""
 
-    def __init__(self, index: int, thread_share: int = 1) -> None:
+    def __init__(self, index: int, thread_share: int = 1, precision: str | None = None) -> None:
         super().__init__()
         _set_threads(thread_share)
         self.index = index
-        self._engine = Engine()
+        self._engine = Engine(precision=precision)
         self._lock = threading.Lock()
         self._loaded: OrderedDict[str, tuple[SamplerHandle, str]] = OrderedDict()
         self._dir = Path(tempfile.mkdtemp(prefix=f"rlvr-sampler-{index}-"))

@@ -35,7 +35,7 @@ from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
 from rlvr.engine.packed import base_precision
 from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
 from rlvr.engine.sampler import SampleJob, resolve_params, sample_batch
-from rlvr.errors import CheckpointError, InvalidDatumError, SamplingError
+from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
 
 SAMPLE_GATHER_S = 0.002  # a sampling batch waits until requests stop arriving for this long (see _drain_samples)
 
@@ -116,11 +116,19 @@ class Engine:
         self._snapshot_refs: dict[str, int] = {}
 
     @classmethod
-    def default(cls) -> Engine:
-        """The process-wide engine that ServiceClients share, so each base model is loaded once."""
+    def default(cls, precision: str | None = None) -> Engine:
+        """The process-wide engine that ServiceClients share, so each base model is loaded once. ``precision``
+        (``packed.base_precision``; None: ``RLVR_PRECISION`` or float32) is the one it is created with; asked for
+        again once it exists, it must be the one it has (a process holds one engine: torch work on two threads of
+        one process runs a third slower)."""
         with cls._default_lock:
             if cls._default is None:
-                cls._default = cls()
+                cls._default = cls(precision=precision)
+            elif precision is not None and base_precision(precision) != cls._default.precision:
+                raise ConfigurationError(
+                    f"precision={precision!r}, but this process's engine already multiplies in "
+                    f"{cls._default.precision} (earlier work in this process created it): run in a fresh process, "
+                    f"or set RLVR_PRECISION={precision} before anything uses rlvr")
             return cls._default
 
     # -- running jobs ---------------------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ import yaml
 
 from rlvr.errors import ConfigurationError
 
+PRECISIONS = ("float32", "bfloat16")  # those of ``rlvr.engine.packed`` (not imported: this module stays torch-free)
+
 
 @dataclass
 class DistributedConfig:
@@ -70,6 +72,10 @@ class LoopConfig:
     """LoRA rank."""
     start_from_checkpoint: str | None = None
     """Start from these saved weights (a state path, e.g. from ``rlvr sft``) with a fresh optimizer."""
+    precision: str | None = None
+    """What the frozen base-model matmuls run in, trainer and sampler alike: ``float32`` or ``bfloat16`` (faster
+    where the CPU multiplies bfloat16, e.g. AMX; sampler and trainer then agree to bfloat16 rounding only). None:
+    ``$RLVR_PRECISION``, else float32. The run folder's config records the precision used; a resume keeps it."""
     # Batch
     steps: int = 20
     """Training steps in all (a resumed run continues up to this)."""
@@ -146,6 +152,9 @@ class LoopConfig:
                 raise ConfigurationError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.num_substeps < 1:
             raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
+        if self.precision not in (None, *PRECISIONS):
+            raise ConfigurationError(f"precision={self.precision!r}: choose one of {list(PRECISIONS)} (or leave it "
+                                     "unset: $RLVR_PRECISION, else float32)")
         if self.max_steps_off_policy < 0:
             raise ConfigurationError(f"max_steps_off_policy={self.max_steps_off_policy}: must be >= 0 "
                                      "(0 = synchronous)")
@@ -370,6 +379,12 @@ def save_config(config: Any, path: str | Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
     tmp.replace(path)
+
+
+def recorded_precision(run_dir: str | Path) -> str | None:
+    """The precision a run folder's ``config.yaml`` records (None: no config yet, or one from before it was)."""
+    path = Path(run_dir) / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}).get("precision") if path.exists() else None
 
 
 def options(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:

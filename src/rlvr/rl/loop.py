@@ -32,12 +32,14 @@ from typing import Any
 
 import rlvr
 from rlvr import types
+from rlvr.engine import Engine
+from rlvr.engine.packed import base_precision
 from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rewards.runner import BatchScores
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
-from rlvr.rl.config import DistributedConfig, LoopConfig, save_config
+from rlvr.rl.config import DistributedConfig, LoopConfig, recorded_precision, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, rollout_groups, trajectory_datums
 from rlvr.rl.plot import plot_run
@@ -95,7 +97,8 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
         _check_env_dataset(config, source)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    service, runner = _backend(config, source)
+    precision = _precision(config, run_dir)
+    service, runner = _backend(config, source, precision)
     rollout_log = RolloutLog(run_dir) if config.rollouts else None
 
     # Setup: a fresh client, or the last checkpoint's state and loop RNG.
@@ -115,7 +118,8 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
     else:
         training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
                                                                seed=config.seed)
-    save_config(dataclasses.replace(config, resume=False), run_dir / "config.yaml")  # the settings now in force
+    save_config(dataclasses.replace(config, resume=False, precision=precision),  # the settings now in force
+                run_dir / "config.yaml")
     tokenizer = training_client.get_tokenizer()
     adam = types.AdamParams(learning_rate=config.learning_rate)
     if envs:
@@ -416,16 +420,30 @@ def _check_env_dataset(config: LoopConfig, dataset: RLDataset) -> None:
         raise ConfigurationError("distributed.backend='ray' takes problem sources; envs run in this process")
 
 
-def _backend(config: LoopConfig, source: ProblemSource | RLDataset) -> tuple[Any, Any]:
+def _precision(config: LoopConfig, run_dir: Path) -> str:
+    """What the run's frozen matmuls run in (recorded in its config.yaml): ``config.precision``, else on a resume
+    the precision the run recorded, else ``$RLVR_PRECISION`` or float32. Resuming in another precision than the
+    run's would change its arithmetic half-way: an error."""
+    recorded = recorded_precision(run_dir) if config.resume else None
+    precision = base_precision(config.precision or recorded)
+    if recorded and precision != recorded:
+        raise ConfigurationError(f"{run_dir} trained with precision={recorded}; resuming it with precision="
+                                 f"{precision} would change its arithmetic half-way: set precision={recorded} (or "
+                                 "start a new run)")
+    return precision
+
+
+def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: str) -> tuple[Any, Any]:
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (envs score
-    themselves: no runner)."""
+    themselves: no runner). Their engines multiply in ``precision``."""
     if isinstance(source, RLDataset):
-        return rlvr.ServiceClient(), None
+        return rlvr.ServiceClient(Engine.default(precision)), None
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
-        return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed)
-    return rlvr.ServiceClient(), RewardRunner(source.reward(), timeout=config.reward_timeout)
+        return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed,
+                           precision=precision)
+    return rlvr.ServiceClient(Engine.default(precision)), RewardRunner(source.reward(), timeout=config.reward_timeout)
 
 
 def _test_split(source: ProblemSource) -> str:

@@ -153,10 +153,12 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dic
 def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> str:
     """Supervised warm-up on the source's worked solutions; returns the state path RL starts from."""
     import rlvr
+    from rlvr.engine import Engine
     from rlvr.rl.sft import encode_pair, supervised_steps
 
-    training_client = rlvr.ServiceClient().create_lora_training_client(base_model=config.base_model,
-                                                                       rank=config.rank, seed=config.seed)
+    service = rlvr.ServiceClient(Engine.default(config.precision))
+    training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
+                                                          seed=config.seed)
     tokenizer = training_client.get_tokenizer()
     problems = source.problems("train")
     examples = [encode_pair(tokenizer, source.render_ids(p, tokenizer), source.demonstration(p)) for p in problems]
