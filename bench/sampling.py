@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -118,8 +117,7 @@ def run_vllm(python: str, model_folder: str, adapter: Path, prompts: dict[str, l
 def measure(args: argparse.Namespace, precision: str) -> dict:
     """rlvr in ``precision`` against ``generate`` in the same dtype, in this process (one engine thread: torch work on
     two threads of one process runs a third slower, so each precision gets a process of its own)."""
-    os.environ["RLVR_PRECISION"] = precision  # before the process-wide engine exists
-    engine = Engine.default()
+    engine = Engine.default(precision)
     sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model="smollm2-135m")
     reference = engine.run(load_base_model, "smollm2-135m")  # a separate copy for generate
     dtype = getattr(torch, precision)
