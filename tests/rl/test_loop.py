@@ -13,8 +13,8 @@ from rlvr import types
 from rlvr.engine.packed import bfloat16_supported
 from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.rl.checkpoints import last_checkpoint
-from rlvr.rl.config import recorded_precision
-from rlvr.rl.loop import LoopConfig, check_sampler_fresh, train
+from rlvr.rl.config import DistributedConfig, recorded_precision
+from rlvr.rl.loop import LoopConfig, _check_vllm_arithmetic, check_sampler_fresh, train
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -159,6 +159,24 @@ print("@@", Engine.default().precision, model_kind(Engine.default().host("tiny")
         train(config(tmp_path / "b", steps=3, resume=True, precision="float32"), SayA())
     with pytest.raises(ConfigurationError, match="already multiplies in float32"):
         train(config(tmp_path / "b", steps=3, resume=True), SayA())
+
+
+def test_vllm_samplers_that_would_fail_the_freshness_probe_are_refused(tmp_path):
+    """The probe tells stale weights from fresh ones only when sampler and trainer compute alike: a bfloat16 trainer
+    beside float32 vLLM differs by ~0.1 per token (measured on smollm2), so at the default tolerance every publication
+    would be reported stale. Such runs stop before Ray starts, naming both sides and the way out."""
+    vllm = DistributedConfig(backend="ray", sampler="vllm")
+    with pytest.raises(ConfigurationError, match="dtype=float32 while this run's trainer uses precision=bfloat16"):
+        train(config(tmp_path, precision="bfloat16", distributed=vllm), SayA())
+    half = DistributedConfig(backend="ray", sampler="vllm", vllm_options={"dtype": "bfloat16"})
+    with pytest.raises(ConfigurationError, match="dtype=bfloat16 while this run's trainer uses precision=float32"):
+        train(config(tmp_path, precision="float32", distributed=half), SayA())
+    # Alike (float32 both sides, however vLLM's dtype is spelled), or a tolerance raised on purpose: allowed.
+    for options in ({}, {"dtype": "float32"}, {"dtype": "float"}, {"dtype": "torch.float32"}):
+        alike = DistributedConfig(backend="ray", sampler="vllm", vllm_options=options)
+        assert _check_vllm_arithmetic(config(tmp_path, distributed=alike), "float32") is None
+    assert _check_vllm_arithmetic(config(tmp_path, distributed=vllm, sampler_tolerance=0.2), "bfloat16") is None
+    assert _check_vllm_arithmetic(config(tmp_path, distributed=half, sampler_tolerance=2.0), "float32") is None
 
 
 def test_a_stale_sampler_is_detected(service):

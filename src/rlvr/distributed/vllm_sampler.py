@@ -21,7 +21,8 @@ copy of the weights, which cannot be hashed from outside; that the sampler reall
 by the loop after each publication (``check_sampler_fresh``: the sampler's logprobs of a probe against the
 trainer's, ``LoopConfig.sampler_tolerance``). vLLM's kernels do not round like the trainer's: on a CPU in float32
 the gap stays far below the default tolerance (see tests/distributed/test_vllm_sampler.py); on GPUs in bfloat16
-raise the tolerance, or pass ``{"dtype": "float32"}`` in ``distributed.vllm_options``.
+raise the tolerance (the loop refuses the run otherwise), or pass ``{"dtype": "float32"}`` in
+``distributed.vllm_options``.
 
 Not here: the Ray plumbing (``cluster``, ``clients``), the engine's sampler (``rlvr.engine.sampler``).
 """

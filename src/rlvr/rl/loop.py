@@ -441,9 +441,31 @@ def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: s
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
+        if config.distributed.sampler == "vllm":
+            _check_vllm_arithmetic(config, precision)
         return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed,
                            precision=precision)
     return rlvr.ServiceClient(Engine.default(precision)), RewardRunner(source.reward(), timeout=config.reward_timeout)
+
+
+def _check_vllm_arithmetic(config: LoopConfig, precision: str) -> None:
+    """Refuse vLLM samplers that cannot pass the freshness probe at the default ``sampler_tolerance``: the probe
+    compares the sampler's logprobs with the trainer's, so it only tells stale weights from fresh ones when both
+    compute alike. vLLM computes in its ``dtype`` (float32 unless ``distributed.vllm_options`` sets it); beside a
+    trainer whose frozen matmuls run in bfloat16, or with vLLM in another dtype, the gap is far above 1e-3 (on
+    smollm2 with vLLM's CPU build: up to 0.11-0.13 per token for a bfloat16 trainer beside float32 vLLM, 0.26-1.0
+    with both in bfloat16), and every publication would be reported stale. A raised tolerance says the run accepts
+    the weaker check."""
+    dtype = str(config.distributed.vllm_options.get("dtype", "float32")).removeprefix("torch.")
+    alike = precision == "float32" and dtype in ("float32", "float")
+    if alike or config.sampler_tolerance > LoopConfig.sampler_tolerance:  # the class attribute is the default
+        return
+    raise ConfigurationError(
+        f"distributed.sampler=vllm computes in dtype={dtype} while this run's trainer uses precision={precision}: "
+        f"their logprobs differ by far more than sampler_tolerance={config.sampler_tolerance}, so the freshness "
+        "probe would report every weight publication stale. Use precision=float32 with vLLM in float32 (its "
+        "default), or raise sampler_tolerance above the gap (about 0.15 for a bfloat16 trainer beside float32 vLLM "
+        "on smollm2), accepting that the probe then only catches larger staleness")
 
 
 def _test_split(source: ProblemSource) -> str:
