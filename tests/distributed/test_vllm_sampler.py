@@ -57,8 +57,10 @@ def test_sampling_parameters_map_one_to_one() -> None:
 
 
 def test_bad_parameters_fail_as_on_the_engine() -> None:
-    with pytest.raises(ConfigurationError, match="temperature must be >= 0"):
+    with pytest.raises(ConfigurationError, match="temperature must be a finite number >= 0"):
         kwargs(max_tokens=8, temperature=-1.0)
+    with pytest.raises(ConfigurationError, match="stop has token id 50, outside the vocabulary"):
+        vllm_sampling_kwargs(types.SamplingParams(max_tokens=8, stop=[7, 50]), 1, 10, 100, EOS, vocab_size=50)
     with pytest.raises(ConfigurationError, match="fills the model's context"):
         vllm_sampling_kwargs(types.SamplingParams(max_tokens=8), 1, 100, 100, EOS)
 

@@ -206,6 +206,14 @@ def test_base_model_sampler_and_bad_requests(service):
         sampler.sample(prompt, 0, types.SamplingParams(max_tokens=3)).result()
     with pytest.raises(ConfigurationError, match="top_p"):
         sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3, top_p=0.0)).result()
+    for temperature in (float("nan"), float("inf"), -0.5):
+        with pytest.raises(ConfigurationError, match=f"temperature must be a finite number >= 0, got {temperature}"):
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3, temperature=temperature)).result()
+    vocab = len(sampler.get_tokenizer())  # the embedding rows of tiny: its tokenizer with the special tokens
+    for never in (vocab, -1):
+        with pytest.raises(ConfigurationError, match=f"stop has token id {never}, outside the vocabulary"):
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3, stop=[5, never])).result()
+    assert sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3, stop=[vocab - 1])).result().sequences
     with pytest.raises(ValueError, match="outside the vocabulary"):
         sampler.sample(types.ModelInput.from_ints([10**6]), 1, types.SamplingParams(max_tokens=3)).result()
     with pytest.raises(SamplingError, match="model_path"):

@@ -78,10 +78,10 @@ def import_vllm() -> Any:
 
 
 def vllm_sampling_kwargs(params: types.SamplingParams, num_samples: int, prompt_len: int, context_len: int,
-                         eos_token_ids: Sequence[int]) -> dict[str, Any]:
+                         eos_token_ids: Sequence[int], vocab_size: int | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` that sample as the engine does for ``params`` (checked by the
     engine's own ``resolve_params``: a bad value fails with the same message on either sampler)."""
-    settings = resolve_params(params, prompt_len, context_len, eos_token_ids)
+    settings = resolve_params(params, prompt_len, context_len, eos_token_ids, vocab_size)
     return {"n": num_samples, "max_tokens": settings.max_tokens, "temperature": settings.temperature,
             "top_p": settings.top_p, "top_k": 0 if settings.top_k == -1 else settings.top_k, "seed": params.seed,
             "ignore_eos": True, "stop_token_ids": sorted(settings.stop_token_ids), "stop": list(settings.stop_strings),
@@ -181,7 +181,8 @@ class VLLMSampler(RestartableActor):
         if not tokens:
             raise SamplingError("prompt is empty; give at least one token")
         vllm = import_vllm()
-        kwargs = vllm_sampling_kwargs(params, num_samples, len(tokens), self._context_len(), self._eos_ids())
+        kwargs = vllm_sampling_kwargs(params, num_samples, len(tokens), self._context_len(), self._eos_ids(),
+                                      self._llm.llm_engine.model_config.hf_config.vocab_size)
         output = self._submit(tokens, vllm.SamplingParams(**kwargs), held.request, False)
         prompt = self._prompt_logprobs(tokens, held) if include_prompt_logprobs else None
         return sample_response(output, prompt)

@@ -354,11 +354,12 @@ class Engine:
             raise SamplingError(f"num_samples must be a positive integer, got {num_samples!r}")
         if not isinstance(params, types.SamplingParams):
             raise SamplingError(f"sampling_params must be a tinker SamplingParams, got {type(params).__name__}")
-        tokens = model_input_tokens(prompt, self._vocab_size(handle.host), "prompt")
+        vocab_size = self._vocab_size(handle.host)
+        tokens = model_input_tokens(prompt, vocab_size, "prompt")
         if not tokens:
             raise SamplingError("prompt is empty; give at least one token")
         base = handle.host.base
-        settings = resolve_params(params, len(tokens), _context_len(base.model), _eos_ids(base))
+        settings = resolve_params(params, len(tokens), _context_len(base.model), _eos_ids(base), vocab_size)
         with self._pending_lock:  # handle.rng is shared by every request of one client
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=handle.rng))
         return SampleJob(tokens, num_samples, settings, torch.Generator().manual_seed(seed))

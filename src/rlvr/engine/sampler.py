@@ -19,6 +19,7 @@ Not here: which requests are batched together (the engine decides), vLLM (``rlvr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -55,12 +56,13 @@ class DecodeSettings:
 
 
 def resolve_params(
-    params: types.SamplingParams, prompt_len: int, context_len: int, eos_token_ids: Sequence[int]
+    params: types.SamplingParams, prompt_len: int, context_len: int, eos_token_ids: Sequence[int],
+    vocab_size: int | None = None,
 ) -> DecodeSettings:
     """Check ``params`` and resolve stops: ``stop=None`` stops at EOS; ``stop=[]`` disables every stop, EOS included;
-    stop strings or ids stop there and at EOS."""
-    if params.temperature < 0:
-        raise ConfigurationError(f"SamplingParams.temperature must be >= 0, got {params.temperature}")
+    stop strings or ids stop there and at EOS. With ``vocab_size``, a stop id the model cannot emit is an error."""
+    if not params.temperature >= 0 or math.isinf(params.temperature):  # NaN fails the comparison
+        raise ConfigurationError(f"SamplingParams.temperature must be a finite number >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise ConfigurationError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
     if params.top_k == 0 or params.top_k < -1:
@@ -85,6 +87,10 @@ def resolve_params(
             strings = tuple(stop)  # type: ignore[arg-type]
         elif all(isinstance(s, int) for s in stop):
             ids |= set(stop)  # type: ignore[arg-type]
+            never = [i for i in stop if vocab_size is not None and not 0 <= i < vocab_size]  # type: ignore[operator]
+            if never:
+                raise ConfigurationError(f"SamplingParams.stop has token id {never[0]}, outside the vocabulary "
+                                         f"[0, {vocab_size}): the model can never emit it, so it would never stop")
         else:
             raise ConfigurationError(f"SamplingParams.stop must be all strings or all token ids, got {stop!r}")
     if any(s == "" for s in strings):
