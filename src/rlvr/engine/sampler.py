@@ -87,8 +87,7 @@ def resolve_params(
             strings = tuple(stop)  # type: ignore[arg-type]
         elif all(isinstance(s, int) for s in stop):
             ids |= set(stop)  # type: ignore[arg-type]
-            never = [i for i in stop if vocab_size is not None and not 0 <= i < vocab_size]  # type: ignore[operator]
-            if never:
+            if vocab_size is not None and (never := [i for i in stop if not 0 <= i < vocab_size]):  # type: ignore[operator]
                 raise ConfigurationError(f"SamplingParams.stop has token id {never[0]}, outside the vocabulary "
                                          f"[0, {vocab_size}): the model can never emit it, so it would never stop")
         else:
