@@ -73,12 +73,12 @@ def test_server_sequencer_waits_for_slow_jobs():
     pool.shutdown()
 
 
-def test_server_lists_and_deletes_checkpoints(sdk):
+def test_server_lists_and_deletes_checkpoints(sdk, server):
     tc = sdk.create_lora_training_client(base_model="tiny", rank=2, seed=3).result()
     state_path = tc.save_state("s1").result().path
     sampler_path = tc.save_weights_for_sampler("w1").result().path
     run_id = state_path.split("/")[2]
-    rest = sdk.create_rest_client()
+    rest = tinker.RestClient(base_url=server.base_url, api_key=server.api_key)
     run = rest.get_training_run(run_id).result()
     assert run.training_run_id == run_id and run.base_model == "tiny" and run.lora_rank == 2
     ids = {c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints}

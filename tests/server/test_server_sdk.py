@@ -99,7 +99,7 @@ def test_server_sdk_matches_in_process_client(sdk, service):
     # a named sampler checkpoint, opened through create_sampling_client
     path = remote.save_weights_for_sampler("final").result().path
     assert path.startswith("tinker://")
-    sampler = sdk.create_sampling_client(model_path=path)
+    sampler = sdk.create_sampling_client(model_path=path).result()
     _close(sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()[1:], lp_remote[1:],
            "named sampler weights")
 

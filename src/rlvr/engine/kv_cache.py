@@ -2,16 +2,34 @@
 each decoded token is written into them, instead of Hugging Face's ``DynamicCache`` concatenating a new tensor
 at every step (which copies the whole cache per token and was a quarter of a CPU decode step).
 
-It plugs into any transformers causal LM as ``past_key_values=GrowingCache()``. Not here: paging, sliding windows
+It plugs into any transformers causal LM as ``**cache_kwargs(GrowingCache())``. Not here: paging, sliding windows
 or quantized caches; layers of those kinds are not supported.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 MIN_CAPACITY = 64  # tokens of room a buffer starts with beyond its first write
+
+CACHE_ARGUMENT = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+"""The name a transformers forward takes its cache under and returns it as. Recent 5.x releases (5.24 here) renamed
+``past_key_values`` to ``cache``, and warn that the old name goes in 5.40; older ones do not know ``cache``, and a
+forward would take it as one more ignored keyword, so the name is read from the installed version."""
+
+
+def cache_kwargs(cache: Cache) -> dict[str, Any]:
+    """Keyword arguments that make a transformers forward read and extend ``cache``."""
+    return {CACHE_ARGUMENT: cache, "use_cache": True}
+
+
+def returned_cache(output: Any) -> Cache:
+    """The cache a transformers forward returned in ``output``."""
+    return getattr(output, CACHE_ARGUMENT)
 
 
 class GrowingLayer(DynamicLayer):

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from rlvr.engine.kv_cache import cache_kwargs, returned_cache
+
 MIN_SHARED = 4
 """Shortest common prefix worth a cluster (tokens)."""
 MIN_BUCKET = 512
@@ -124,13 +126,13 @@ def cluster_logprobs(
         prefix_mask[u, :cluster.shared] = 1
     positions = torch.arange(width).expand(len(clusters), width)
     out = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=positions,
-                past_key_values=DynamicCache(), use_cache=True)
+                **cache_kwargs(DynamicCache()))
     prefix_logits = out.logits.float()  # (U, W, V)
     prefix_lse = prefix_logits.logsumexp(-1)  # (U, W)
 
     members = [(u, r) for u, cluster in enumerate(clusters) for r in cluster.rows]
     rests = [lengths[r] - clusters[u].shared for u, r in members]
-    kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]  # (U, H, W, D) each
+    kv = [(layer.keys, layer.values) for layer in returned_cache(out).layers]  # (U, H, W, D) each
     tails = {j: prefix_lse.new_zeros(0) for j, rest in enumerate(rests) if rest == 0}
     for bucket in _buckets([j for j, rest in enumerate(rests) if rest], rests):
         width = rests[bucket[0]]
@@ -144,8 +146,8 @@ def cluster_logprobs(
         starts = torch.tensor([clusters[members[j][0]].shared for j in bucket])  # (B,)
         cache = DynamicCache(ddp_cache_data=[(k[cluster_of], v[cluster_of]) for k, v in kv])  # its cluster's prefix
         logits = model(input_ids=suffix_ids, attention_mask=torch.cat([prefix_mask[cluster_of], suffix_mask], -1),
-                       position_ids=starts[:, None] + torch.arange(width), past_key_values=cache,
-                       use_cache=True).logits.float()  # (B, S, V)
+                       position_ids=starts[:, None] + torch.arange(width), **cache_kwargs(cache)
+                       ).logits.float()  # (B, S, V)
         rows = [b for b, j in enumerate(bucket) for _ in range(rests[j])]
         steps = [t for j in bucket for t in range(rests[j])]
         tokens = [t for j in bucket for t in targets[members[j][1]][-rests[j]:].tolist()]

@@ -27,7 +27,7 @@ import torch
 from tinker import types
 
 from rlvr.engine.decode import LlamaDecoder
-from rlvr.engine.kv_cache import GrowingCache
+from rlvr.engine.kv_cache import GrowingCache, cache_kwargs, returned_cache
 from rlvr.errors import ConfigurationError
 
 
@@ -173,8 +173,8 @@ def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_id: int
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     padded = bool((attention_mask == 0).any())
     out = model(input_ids=input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
-                past_key_values=GrowingCache(), use_cache=True, logits_to_keep=1)
-    return out.past_key_values, attention_mask, out.logits[:, -1, :].float()
+                **cache_kwargs(GrowingCache()), logits_to_keep=1)
+    return returned_cache(out), attention_mask, out.logits[:, -1, :].float()
 
 
 @torch.inference_mode()
@@ -281,7 +281,7 @@ class _HFDecoder:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones((len(tokens), 1))], -1)
         out = self.model(input_ids=tokens[:, None], attention_mask=self.attention_mask if self.padded else None,
-                         position_ids=positions[:, None], past_key_values=self.cache, use_cache=True)
+                         position_ids=positions[:, None], **cache_kwargs(self.cache))
         return out.logits[:, -1, :].float()
 
 
