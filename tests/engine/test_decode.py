@@ -18,9 +18,9 @@ from rlvr.engine.sampler import SampleJob, draw, prefill, resolve_params, sample
 def host():
     """tiny with a LoRA adapter whose B matrices are not zero, so the adapter changes every projection."""
     host = AdapterHost(load_base_model("tiny"))
-    host.add("a", LoraSpec(rank=4), seed=0)
+    host.add("tuned", LoraSpec(rank=4), seed=0)
     with torch.no_grad():
-        for name, param in host.parameters("a").items():
+        for name, param in host.parameters("tuned").items():
             if "lora_B" in name:
                 param.normal_(0, 0.05, generator=torch.Generator().manual_seed(hash(name) % 2**31))
     return host
@@ -51,7 +51,7 @@ def decode_against_the_model(model, decoder, prompts, rows, keeps: dict[int, lis
             live = [live[i] for i in keeps[step]]
 
 
-@pytest.mark.parametrize("adapter", [None, "a"])
+@pytest.mark.parametrize("adapter", [None, "tuned"])
 @pytest.mark.parametrize("packed", ["", "mkldnn", "mkl"])
 def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
     if packed and packed not in decode.pack_kinds():
@@ -84,7 +84,7 @@ def test_chunked_prompts_give_the_models_logits(host, rows, sizes, keeps, monkey
     monkeypatch.setattr(decode, "chunk_size", lambda counts, *_: min(next(chosen), max(counts)))
     prompts = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
     rows = torch.tensor(rows)
-    with host.active("a") as model:
+    with host.active("tuned") as model:
         decoder = LlamaDecoder.build(model)
         cache, mask, _ = prefill(model, prompts[: int(rows.max()) + 1], pad_id=0)
         decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
@@ -110,7 +110,7 @@ def test_adapter_changes_the_logits(host):
     # Guards the test above: with a zero or ignored adapter both parametrizations would pass on the same numbers.
     prompts = [[5, 6, 7]]
     out = []
-    for adapter in (None, "a"):
+    for adapter in (None, "tuned"):
         with host.active(adapter) as model:
             decoder = LlamaDecoder.build(model)
             cache, mask, _ = prefill(model, prompts, pad_id=0)
@@ -136,7 +136,7 @@ def test_other_architectures_fall_back_to_hugging_face():
 
 def test_fast_and_hugging_face_decoding_agree(host):
     params = types.SamplingParams(max_tokens=10, temperature=1.0, stop=[])
-    with host.active("a") as model:
+    with host.active("tuned") as model:
         results = []
         for fast in (True, False):
             jobs = [SampleJob(p, 3, resolve_params(params, len(p), 128, [0]), torch.Generator().manual_seed(i))

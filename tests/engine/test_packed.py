@@ -48,13 +48,13 @@ def lora_logits_and_grads(kind: str, force) -> tuple[torch.Tensor, dict[str, tor
     force(kind)
     host = AdapterHost(load_base_model("tiny"))
     assert any(hasattr(m, "packed_weight") for m in host.base.model.modules()) == bool(kind)
-    host.add("a", LoraSpec(rank=4), seed=0)
-    params = host.parameters("a")
+    host.add("tuned", LoraSpec(rank=4), seed=0)
+    params = host.parameters("tuned")
     with torch.no_grad():
         for name, param in params.items():
             if "lora_B" in name:
                 param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
-    with host.active("a") as model:
+    with host.active("tuned") as model:
         logits = model(input_ids=torch.tensor([[5, 6, 7, 8, 9, 10]])).logits
         logits.log_softmax(-1)[0, :, 3].sum().backward()
     return logits.detach(), {k: p.grad.clone() for k, p in params.items()}
