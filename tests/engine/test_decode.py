@@ -1,23 +1,43 @@
 """LlamaDecoder: its decode steps give the model's own logits (plain forward over the whole sequence, no cache),
-with and without LoRA, packed or not, through lazy row dropping; unsupported models fall back; draw() samples the
-distribution it is given."""
+with and without LoRA, packed or not, through lazy row dropping, with PyTorch's attention ops and with the fused
+kernel; unsupported models fall back; draw() samples the distribution it is given."""
+
+import copy
+import dataclasses
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlvr import types
-from rlvr.engine import decode
+from rlvr.engine import decode, fused_attention
 from rlvr.engine.decode import LlamaDecoder
 from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.models import load_base_model
 from rlvr.engine.sampler import SampleJob, draw, prefill, resolve_params, sample_batch
 
 
-@pytest.fixture(scope="module")
-def host():
-    """tiny with a LoRA adapter whose B matrices are not zero, so the adapter changes every projection."""
-    host = AdapterHost(load_base_model("tiny"))
+def tiny_with_head_size_16():
+    """tiny with 6 query heads of 16 over 2 key/value heads (tiny's own heads are 24 wide, which the fused attention
+    kernel does not take): the shape of SmolLM2's attention, 3 query heads per key/value head."""
+    tiny = load_base_model("tiny")
+    config = copy.deepcopy(tiny.model.config)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 6, 2, 16
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = type(tiny.model)(config).eval().requires_grad_(False)
+    return dataclasses.replace(tiny, model=model)
+
+
+@pytest.fixture(scope="module", params=["tiny", "fused"])
+def host(request):
+    """tiny with a LoRA adapter whose B matrices are not zero, so the adapter changes every projection; "fused": the
+    same on heads of 16, where the decoder attends with the fused kernel (skipped where it cannot run)."""
+    if request.param == "fused":
+        if not fused_attention.buildable():
+            pytest.skip("the fused attention kernel cannot run here (no AVX-512 or no C compiler)")
+        assert fused_attention.kernel() is not None  # built, and it agreed with PyTorch on its self-check
+    host = AdapterHost(load_base_model("tiny") if request.param == "tiny" else tiny_with_head_size_16())
     host.add("tuned", LoraSpec(rank=4), seed=0)
     with torch.no_grad():
         for name, param in host.parameters("tuned").items():
@@ -63,6 +83,7 @@ def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
     with host.active(adapter) as model:
         decoder = LlamaDecoder.build(model)
         assert decoder is not None
+        assert (decoder.fused is not None) == (model.config.head_dim == 16)  # each attention path where meant
         cache, mask, _ = prefill(model, prompts, pad_id=0)
         decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
         assert (decoder.head.packed is not None) == bool(packed)

@@ -13,8 +13,9 @@ flash kernel on a query of length 1. This module runs the same arithmetic with t
   an idle slot at the end of a prompt's last chunk costs a whole row's matmuls);
 - generated keys and values live in per-layer buffers sized for the whole decode (``max_tokens``): a step writes
   one column, nothing is concatenated or reallocated;
-- attention is grouped-query attention as batched matmuls over the prompt's and the live generated columns, one
-  softmax over both, with the prompts' left padding masked by a precomputed bias;
+- attention is grouped-query attention over the prompt's and the live generated columns, one softmax over both,
+  with the prompts' left padding masked by a precomputed bias: one call per layer of the fused kernel
+  (``fused_attention``; keys then stored in its blocked layout) where it runs, else batched matmuls;
 - rows that finish are dropped lazily: they stay in the buffers (their outputs ignored) until a quarter of the
   slots are finished, then the live rows are laid out in chunks anew, instead of copying every cache at every
   finish.
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlvr.engine import fused_attention
 from rlvr.engine.packed import PACK_MAX_BYTES, fastest_kind, model_kind, pack, pack_kinds, packed_linear
 
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
@@ -224,6 +226,11 @@ class LlamaDecoder:
         self.padded = False  # whether any prompt is left-padded (else the bias is all zeros and skipped)
         self.generated = 0  # generated columns written
         self.slots = torch.empty(0, dtype=torch.long)  # (R,) the buffer slot of each live row
+        # The fused attention kernel where it runs here (``fused_attention``; None: PyTorch's ops). With it, keys
+        # (prompt and generated) are stored in its blocked layout, (..., ceil(columns / 16), D, 16).
+        self.fused = (fused_attention.kernel()
+                      if fused_attention.supports(self.num_heads // self.num_kv_heads, self.head_dim) else None)
+        self.scratch = torch.empty(0)  # the kernel's attention weights, S * H * (P + capacity) floats
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> LlamaDecoder | None:
@@ -255,8 +262,14 @@ class LlamaDecoder:
         self.prompt_mask = attention_mask
         self.padded = bool((attention_mask == 0).any())
         self.generated = 0
-        self.keys = [torch.empty(0, self.num_kv_heads, capacity - width, self.head_dim)] * len(self.prompts)
-        self.values = list(self.keys)
+        own = capacity - width
+        self.values = [torch.empty(0, self.num_kv_heads, own, self.head_dim)] * len(self.prompts)
+        self.keys = list(self.values)
+        if self.fused:
+            self.prompts = [(fused_attention.to_blocks(k), v.contiguous()) for k, v in self.prompts]
+            blocks = fused_attention.key_blocks(own)
+            self.keys = [torch.empty(0, self.num_kv_heads, blocks, self.head_dim, fused_attention.BLOCK)] * len(
+                self.prompts)
         self._layout(rows, torch.empty(0, dtype=torch.long))
 
     def _layout(self, row_prompt: torch.Tensor, row_slot: torch.Tensor) -> None:
@@ -274,11 +287,15 @@ class LlamaDecoder:
             chunk_prompt += [prompt] * ((count + size - 1) // size)
         chunk_prompt = torch.tensor(chunk_prompt)
         total, n = len(chunk_prompt) * size, self.generated
-        for store in (self.keys, self.values):
+        key_columns = fused_attention.key_blocks(n) if self.fused else n
+        for store, columns in ((self.keys, key_columns), (self.values, n)):
             for i, buffer in enumerate(store):
                 store[i] = buffer.new_zeros((total, *buffer.shape[1:]))
                 if n:
-                    store[i][slots, :, :n] = buffer[row_slot, :, :n]
+                    store[i][slots, :, :columns] = buffer[row_slot, :, :columns]
+        if self.fused:
+            width = self.prompt_mask.shape[1]
+            self.scratch = torch.empty(total * self.num_heads * (width + self.values[0].shape[2]))
         self.prompt_keys = [keys[chunk_prompt] for keys, _ in self.prompts]
         self.prompt_values = [values[chunk_prompt] for _, values in self.prompts]
         self.bias = torch.zeros((len(chunk_prompt), 1, 1, self.prompt_mask.shape[1]))
@@ -308,25 +325,33 @@ class LlamaDecoder:
         column, self.generated = self.generated, self.generated + 1
         S, H, G, D = slots_total, self.num_heads, self.num_kv_heads, self.head_dim
         C, c, Q, P = S // self.chunk, self.chunk, H // G, self.bias.shape[-1]
+        fused_out = torch.empty(S, H * D) if self.fused else None  # the kernel's output, reused by every layer
         for layer, keys, values, prompt_keys, prompt_values in zip(
                 self.layers, self.keys, self.values, self.prompt_keys, self.prompt_values, strict=True):
             qkv = layer.qkv(_rms_norm(layer.attn_norm, x))  # (S, (H + 2G) D)
             qk = _rotate(qkv[:, : (H + G) * D].view(S, H + G, D), cos, signed_sin)  # queries and the new keys
-            keys[:, :, column] = qk[:, H:]
-            values[:, :, column] = qkv[:, (H + G) * D :].view(S, G, D)
-            q = qk[:, :H].view(S, G, Q, D)  # query heads grouped by the key/value head they share
-            # The prompt part: a chunk's queries side by side against its prompt's keys, read once per chunk.
-            by_chunk = q.view(C, c, G, Q, D).transpose(1, 2).reshape(C, G, c * Q, D)
-            prompt_scores = torch.matmul(by_chunk, prompt_keys.transpose(-1, -2))  # (C, G, c Q, P)
-            if self.padded:
-                prompt_scores.add_(self.bias)
-            prompt_scores = prompt_scores.view(C, G, c, Q, P).transpose(1, 2).reshape(S, G, Q, P)
-            own_scores = torch.matmul(q, keys[:, :, : self.generated].transpose(-1, -2))  # (S, G, Q, n)
-            weights = torch.cat((prompt_scores, own_scores), dim=-1).mul_(self.scale).softmax(dim=-1)
-            to_prompt = weights[..., :P].reshape(C, c, G, Q, P).transpose(1, 2).reshape(C, G, c * Q, P)
-            attended = torch.matmul(weights[..., P:], values[:, :, : self.generated])  # (S, G, Q, D)
-            from_prompt = torch.matmul(to_prompt, prompt_values)  # (C, G, c Q, D)
-            attended.view(C, c, G, Q, D).add_(from_prompt.view(C, G, c, Q, D).transpose(1, 2))
+            if self.fused:
+                rotated = qk.view(S, (H + G) * D)
+                fused_attention.attend(self.fused, rotated[:, : H * D], rotated[:, H * D :], qkv[:, (H + G) * D :],
+                                       prompt_keys, prompt_values, self.bias.view(C, P) if self.padded else None,
+                                       keys, values, fused_out, self.scratch, c, self.generated, self.scale)
+                attended = fused_out
+            else:
+                keys[:, :, column] = qk[:, H:]
+                values[:, :, column] = qkv[:, (H + G) * D :].view(S, G, D)
+                q = qk[:, :H].view(S, G, Q, D)  # query heads grouped by the key/value head they share
+                # The prompt part: a chunk's queries side by side against its prompt's keys, read once per chunk.
+                by_chunk = q.view(C, c, G, Q, D).transpose(1, 2).reshape(C, G, c * Q, D)
+                prompt_scores = torch.matmul(by_chunk, prompt_keys.transpose(-1, -2))  # (C, G, c Q, P)
+                if self.padded:
+                    prompt_scores.add_(self.bias)
+                prompt_scores = prompt_scores.view(C, G, c, Q, P).transpose(1, 2).reshape(S, G, Q, P)
+                own_scores = torch.matmul(q, keys[:, :, : self.generated].transpose(-1, -2))  # (S, G, Q, n)
+                weights = torch.cat((prompt_scores, own_scores), dim=-1).mul_(self.scale).softmax(dim=-1)
+                to_prompt = weights[..., :P].reshape(C, c, G, Q, P).transpose(1, 2).reshape(C, G, c * Q, P)
+                attended = torch.matmul(weights[..., P:], values[:, :, : self.generated])  # (S, G, Q, D)
+                from_prompt = torch.matmul(to_prompt, prompt_values)  # (C, G, c Q, D)
+                attended.view(C, c, G, Q, D).add_(from_prompt.view(C, G, c, Q, D).transpose(1, 2))
             x = x.add_(layer.o(attended.view(S, H * D)))
             gate_up = layer.gate_up(_rms_norm(layer.mlp_norm, x))
             inner = gate_up.shape[-1] // 2

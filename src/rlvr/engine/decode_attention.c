@@ -1,0 +1,217 @@
+/* One decode step of grouped-query attention for many rows, fused, for x86-64 CPUs with AVX-512.
+
+   Built and loaded by fused_attention.py (which documents the layouts and checks the arguments); the decoder calls
+   it once per layer instead of ~12 PyTorch ops. For each row s and key/value head g it writes the row's new key
+   and value into its cache, then, for the Q query heads that share g, computes scores against the prompt's keys
+   (shared by the rows of a chunk) and the row's own generated keys, one softmax over both, and the weighted sum of
+   the values. Keys are read once and values once: the step is bound by reading the cache from memory, so keys are
+   stored in blocks of 16 positions, (blocks, D, 16), which a score loop reads front to back.
+
+   Arithmetic: float32, sums in a fixed order (the same on every call, whatever the thread count); e^x by a
+   degree-7 polynomial to ~1 ulp. Results equal PyTorch's batched products and softmax to float32 rounding. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_Q 4 /* query heads per key/value head this kernel handles (SmolLM2: 3, Llama 3: 4) */
+
+/* e^x for x <= 0, 0 below -87 (and for -inf): 2^k * p(r), r = x - k ln2 in [-ln2/2, ln2/2]. */
+static inline __m512 exp_nonpositive(__m512 x) {
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_GE_OQ);
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(_mm512_maskz_mov_ps(live, k)),
+                                                   _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(e));
+}
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __mmask16 lanes(int left) { return left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
+
+/* The next row's cache lines, prefetched a few at a time while this row computes. A row's keys and values are a
+   few dozen KB in pages of their own: too short for the hardware prefetcher to ramp up, so without this each row
+   would wait for memory on its own. */
+typedef struct {
+    const char *next[2], *end[2];
+} Prefetch;
+
+INLINE void prefetch_some(Prefetch *f, int lines) {
+    for (int k = 0; k < lines; k++) {
+        int r = f->next[0] < f->end[0] ? 0 : 1;
+        if (f->next[r] >= f->end[r]) return;
+        _mm_prefetch(f->next[r], _MM_HINT_T1);
+        f->next[r] += 64;
+    }
+}
+
+/* out[i][j0 + j] = scale * (q[i] . key j0 + j) for j < len (at most 16 * NB), from NB blocks of keys at base.
+   Q and NB are constants at each call (see the switches below), so the loops over i and b unroll and the
+   accumulators stay in registers. */
+INLINE void score_blocks(const int Q, const int NB, const float *q, int D, const float *base, int64_t block, int len,
+                         float scale, float *out, int out_ld, Prefetch *f) {
+    __mmask16 m[4];
+    __m512 acc[MAX_Q][4];
+    for (int b = 0; b < NB; b++) m[b] = lanes(len - 16 * b);
+    for (int i = 0; i < Q; i++)
+        for (int b = 0; b < NB; b++) acc[i][b] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        __m512 k[4];
+        for (int b = 0; b < NB; b++) k[b] = _mm512_maskz_loadu_ps(m[b], base + b * block + d * 16);
+        prefetch_some(f, 2);
+        for (int i = 0; i < Q; i++) {
+            __m512 qi = _mm512_set1_ps(q[i * D + d]);
+            for (int b = 0; b < NB; b++) acc[i][b] = _mm512_fmadd_ps(qi, k[b], acc[i][b]);
+        }
+    }
+    __m512 s = _mm512_set1_ps(scale);
+    for (int i = 0; i < Q; i++)
+        for (int b = 0; b < NB; b++) _mm512_mask_storeu_ps(out + (int64_t)i * out_ld + 16 * b, m[b], _mm512_mul_ps(acc[i][b], s));
+}
+
+/* out[i][j] = scale * (q[i] . key j) for j < len; keys in blocks of 16: (blocks, D, 16), up to 4 blocks at a time. */
+INLINE void scores_q(const int Q, const float *q, int D, const float *keys, int len, float scale, float *out, int out_ld,
+                     Prefetch *f) {
+    const int64_t block = (int64_t)D * 16;
+    for (int j0 = 0; j0 < len; j0 += 64) {
+        const float *base = keys + (int64_t)(j0 / 16) * block;
+        int left = len - j0, blocks = left >= 64 ? 4 : (left + 15) / 16;
+        switch (blocks) {
+            case 1: score_blocks(Q, 1, q, D, base, block, left, scale, out + j0, out_ld, f); break;
+            case 2: score_blocks(Q, 2, q, D, base, block, left, scale, out + j0, out_ld, f); break;
+            case 3: score_blocks(Q, 3, q, D, base, block, left, scale, out + j0, out_ld, f); break;
+            default: score_blocks(Q, 4, q, D, base, block, left, scale, out + j0, out_ld, f); break;
+        }
+    }
+}
+
+static void scores(int Q, const float *q, int D, const float *keys, int len, float scale, float *out, int out_ld,
+                   Prefetch *f) {
+    switch (Q) {
+        case 1: scores_q(1, q, D, keys, len, scale, out, out_ld, f); break;
+        case 2: scores_q(2, q, D, keys, len, scale, out, out_ld, f); break;
+        case 3: scores_q(3, q, D, keys, len, scale, out, out_ld, f); break;
+        default: scores_q(4, q, D, keys, len, scale, out, out_ld, f); break;
+    }
+}
+
+/* Each of the Q rows of w (length len, stride w_ld) becomes its softmax. */
+static void softmax(float *w, int Q, int len, int64_t w_ld) {
+    for (int i = 0; i < Q; i++) {
+        float *r = w + i * w_ld;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < len; j += 16)
+            top = _mm512_max_ps(top, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), lanes(len - j), r + j));
+        __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        __m512 total = _mm512_setzero_ps();
+        for (int j = 0; j < len; j += 16) {
+            __mmask16 k = lanes(len - j);
+            __m512 e = _mm512_maskz_mov_ps(k, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, r + j), m)));
+            _mm512_mask_storeu_ps(r + j, k, e);
+            total = _mm512_add_ps(total, e);
+        }
+        __m512 inv = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(total));
+        for (int j = 0; j < len; j += 16) {
+            __mmask16 k = lanes(len - j);
+            _mm512_mask_storeu_ps(r + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, r + j), inv));
+        }
+    }
+}
+
+/* out[i] += sum_j w[i][j] values[j] for j < len; values (len, D), D a multiple of 16, 64 columns at a time. */
+INLINE void weighted_sum_q(const int Q, const float *w, int64_t w_ld, int D, const float *values, int len, float *out,
+                           Prefetch *f) {
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        int nb = (D - d0) / 16 < 4 ? (D - d0) / 16 : 4;
+        __mmask16 m1 = nb > 1 ? 0xFFFF : 0, m2 = nb > 2 ? 0xFFFF : 0, m3 = nb > 3 ? 0xFFFF : 0;
+        __m512 acc[MAX_Q][4];
+        for (int i = 0; i < Q; i++)
+            for (int b = 0; b < 4; b++) acc[i][b] = _mm512_setzero_ps();
+        for (int j = 0; j < len; j++) {
+            const float *v = values + (int64_t)j * D + d0;
+            prefetch_some(f, 2);
+            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_maskz_loadu_ps(m1, v + 16);
+            __m512 v2 = _mm512_maskz_loadu_ps(m2, v + 32), v3 = _mm512_maskz_loadu_ps(m3, v + 48);
+            for (int i = 0; i < Q; i++) {
+                __m512 wi = _mm512_set1_ps(w[i * w_ld + j]);
+                acc[i][0] = _mm512_fmadd_ps(wi, v0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(wi, v1, acc[i][1]);
+                acc[i][2] = _mm512_fmadd_ps(wi, v2, acc[i][2]);
+                acc[i][3] = _mm512_fmadd_ps(wi, v3, acc[i][3]);
+            }
+        }
+        for (int i = 0; i < Q; i++) {
+            float *dst = out + i * D + d0;
+            _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), acc[i][0]));
+            _mm512_mask_storeu_ps(dst + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, dst + 16), acc[i][1]));
+            _mm512_mask_storeu_ps(dst + 32, m2, _mm512_add_ps(_mm512_maskz_loadu_ps(m2, dst + 32), acc[i][2]));
+            _mm512_mask_storeu_ps(dst + 48, m3, _mm512_add_ps(_mm512_maskz_loadu_ps(m3, dst + 48), acc[i][3]));
+        }
+    }
+}
+
+static void weighted_sum(int Q, const float *w, int64_t w_ld, int D, const float *values, int len, float *out,
+                         Prefetch *f) {
+    switch (Q) {
+        case 1: weighted_sum_q(1, w, w_ld, D, values, len, out, f); break;
+        case 2: weighted_sum_q(2, w, w_ld, D, values, len, out, f); break;
+        case 3: weighted_sum_q(3, w, w_ld, D, values, len, out, f); break;
+        default: weighted_sum_q(4, w, w_ld, D, values, len, out, f); break;
+    }
+}
+
+/* Returns 0, or 1 when Q or D is outside what this kernel handles (the caller checks first). Row strides (q_row,
+   k_row, v_row) are in floats. Shapes: q (S, G*Q*D) rows; new_k, new_v (S, G*D) rows; prompt_keys
+   (C, G, ceil(P/16), D, 16); prompt_values (C, G, P, D); bias (C, P) or NULL; keys (S, G, ceil(cap/16), D, 16);
+   values (S, G, cap, D); scratch (S*G*Q*(P+n)); out (S, G*Q*D). Row s belongs to chunk s / chunk. n counts the
+   generated columns including the one written now, at n - 1. */
+int rlvr_decode_attention(const float *q, int64_t q_row, const float *new_k, int64_t k_row, const float *new_v,
+                          int64_t v_row, const float *prompt_keys, const float *prompt_values, const float *bias,
+                          float *keys, float *values, float *scratch, float *out, int S, int G, int Q, int D, int P,
+                          int chunk, int cap, int n, float scale) {
+    if (Q < 1 || Q > MAX_Q || D % 16 || n < 1 || n > cap) return 1;
+    const int L = P + n, prompt_blocks = (P + 15) / 16, own_blocks = (cap + 15) / 16;
+    #pragma omp parallel for schedule(static)
+    for (int index = 0; index < S * G; index++) {
+        const int s = index / G, g = index % G, c = s / chunk, col = n - 1;
+        float *own_keys = keys + ((int64_t)s * G + g) * own_blocks * D * 16;
+        float *own_values = values + ((int64_t)s * G + g) * cap * D;
+        const float *k_new = new_k + s * k_row + g * D;
+        for (int d = 0; d < D; d++) own_keys[((int64_t)(col / 16) * D + d) * 16 + col % 16] = k_new[d];
+        memcpy(own_values + (int64_t)col * D, new_v + s * v_row + g * D, (size_t)D * sizeof(float));
+
+        Prefetch f = {{0, 0}, {0, 0}};
+        if (index + 1 < S * G) {  /* the next row's own keys and values: the prompt's are shared, mostly cached */
+            const int t = index + 1;
+            f.next[0] = (const char *)(keys + (int64_t)t * own_blocks * D * 16);
+            f.end[0] = f.next[0] + (int64_t)((n + 15) / 16) * D * 16 * sizeof(float);
+            f.next[1] = (const char *)(values + (int64_t)t * cap * D);
+            f.end[1] = f.next[1] + (int64_t)n * D * sizeof(float);
+        }
+        const float *qs = q + s * q_row + (int64_t)g * Q * D;
+        float *w = scratch + (int64_t)index * Q * L;
+        scores(Q, qs, D, prompt_keys + ((int64_t)c * G + g) * prompt_blocks * D * 16, P, scale, w, L, &f);
+        scores(Q, qs, D, own_keys, n, scale, w + P, L, &f);
+        if (bias)
+            for (int i = 0; i < Q; i++)
+                for (int j = 0; j < P; j++) w[i * L + j] += bias[(int64_t)c * P + j];
+        softmax(w, Q, L, L);
+        float *o = out + s * (int64_t)G * Q * D + (int64_t)g * Q * D;
+        memset(o, 0, (size_t)Q * D * sizeof(float));
+        weighted_sum(Q, w, L, D, prompt_values + ((int64_t)c * G + g) * P * D, P, o, &f);
+        weighted_sum(Q, w + P, L, D, own_values, n, o, &f);
+    }
+    return 0;
+}
