@@ -97,8 +97,10 @@ def build() -> Path:
     none). Raises RuntimeError naming what is missing or what the compiler said."""
     compiler = _compiler()
     source = SOURCE.read_bytes()
+    # -march=native: one library per CPU model and set of CPU flags (a VM may hide some of a model's instructions)
     cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
-    key = hashlib.sha256(b"\0".join([source, " ".join([compiler, *FLAGS]).encode(), cpu.encode()])).hexdigest()[:16]
+    machine = " ".join([cpu, *sorted(_cpu_flags())])
+    key = hashlib.sha256(b"\0".join([source, " ".join([compiler, *FLAGS]).encode(), machine.encode()])).hexdigest()[:16]
     folder = rlvr_home() / "kernels"
     library = folder / f"decode_attention-{key}.so"
     if library.exists():
@@ -106,7 +108,11 @@ def build() -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / library.name
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        try:
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+                                  text=True, timeout=300)
+        except subprocess.TimeoutExpired as error:
+            raise RuntimeError(f"{compiler} took over 300 s") from error
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
         os.replace(built, library)
