@@ -35,7 +35,7 @@ def host(request):
     same on heads of 16, where the decoder attends with the fused kernel (skipped where it cannot run)."""
     if request.param == "fused":
         if not fused_attention.buildable():
-            pytest.skip("the fused attention kernel cannot run here (no AVX-512 or no C compiler)")
+            pytest.skip("the fused attention kernel cannot run here (no AVX-512 or AVX2, or no C compiler)")
         assert fused_attention.kernel() is not None  # built, and it agreed with PyTorch on its self-check
     host = AdapterHost(load_base_model("tiny") if request.param == "tiny" else tiny_with_head_size_16())
     host.add("tuned", LoraSpec(rank=4), seed=0)

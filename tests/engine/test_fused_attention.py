@@ -1,7 +1,7 @@
 """The fused decode attention kernel: its output against attention computed by hand in PyTorch (softmax over the
 prompt's and the row's own scores, weighted sum of values), its cache writes, its key layout, its build and the
-errors it gives. Kernel tests skip where it cannot run (no AVX-512 or no C compiler); the decoder's own tests
-(``test_decode.py``) run it inside whole decode steps."""
+errors it gives, for the AVX-512 and the AVX2 code. Kernel tests skip where it cannot run (neither, or no C
+compiler); the decoder's own tests (``test_decode.py``) run it inside whole decode steps."""
 
 import math
 
@@ -12,11 +12,16 @@ from rlvr.engine import fused_attention
 from rlvr.errors import ConfigurationError
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    """The kernel as built, without ``kernel()``'s self-check (which would turn a broken kernel into a skip)."""
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def kernel(request):
+    """The kernel as built, without ``kernel()``'s self-check (which would turn a broken kernel into a skip):
+    "native" for this CPU (AVX-512 where it has it), "avx2" the 8-lane code, built with AVX-512 switched off."""
     if not fused_attention.buildable():
-        pytest.skip("the fused attention kernel cannot run here (no AVX-512 or no C compiler)")
+        pytest.skip("the fused attention kernel cannot run here (no AVX-512 or AVX2, or no C compiler)")
+    if request.param == "avx2":
+        if not {"avx2", "fma"} <= fused_attention._cpu_flags():
+            pytest.skip("no AVX2 with FMA here")
+        return fused_attention.bind(fused_attention.build(("-mno-avx512f",)))
     return fused_attention.bind(fused_attention.build())
 
 

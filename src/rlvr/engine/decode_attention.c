@@ -1,4 +1,4 @@
-/* One decode step of grouped-query attention for many rows, fused, for x86-64 CPUs with AVX-512.
+/* One decode step of grouped-query attention for many rows, fused, for x86-64 CPUs with AVX-512 or AVX2 and FMA.
 
    Built and loaded by fused_attention.py (which documents the layouts and checks the arguments); the decoder calls
    it once per layer instead of ~12 PyTorch ops. For each row s and key/value head g it writes the row's new key
@@ -8,7 +8,9 @@
    stored in blocks of 16 positions, (blocks, D, 16), which a score loop reads front to back.
 
    Arithmetic: float32, sums in a fixed order (the same on every call, whatever the thread count); e^x by a
-   degree-7 polynomial to ~1 ulp. Results equal PyTorch's batched products and softmax to float32 rounding. */
+   degree-7 polynomial to ~1 ulp. Results equal PyTorch's batched products and softmax to float32 rounding.
+   The vector code comes twice: 16 lanes (AVX-512, up to 4 blocks of keys at a time) and 8 lanes (AVX2, one block
+   at a time: 16 registers hold fewer accumulators); -march=native picks the one the CPU has. */
 
 #include <immintrin.h>
 #include <math.h>
@@ -16,6 +18,26 @@
 #include <string.h>
 
 #define MAX_Q 4 /* query heads per key/value head this kernel handles (SmolLM2: 3, Llama 3: 4) */
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* The next row's cache lines, prefetched a few at a time while this row computes. A row's keys and values are a
+   few dozen KB in pages of their own: too short for the hardware prefetcher to ramp up, so without this each row
+   would wait for memory on its own. */
+typedef struct {
+    const char *next[2], *end[2];
+} Prefetch;
+
+INLINE void prefetch_some(Prefetch *f, int lines) {
+    for (int k = 0; k < lines; k++) {
+        int r = f->next[0] < f->end[0] ? 0 : 1;
+        if (f->next[r] >= f->end[r]) return;
+        _mm_prefetch(f->next[r], _MM_HINT_T1);
+        f->next[r] += 64;
+    }
+}
+
+#if defined(__AVX512F__)
 
 /* e^x for x <= 0, 0 below -87 (and for -inf): 2^k * p(r), r = x - k ln2 in [-ln2/2, ln2/2]. */
 static inline __m512 exp_nonpositive(__m512 x) {
@@ -37,25 +59,8 @@ static inline __m512 exp_nonpositive(__m512 x) {
     return _mm512_maskz_mul_ps(live, p, _mm512_castsi512_ps(e));
 }
 
-#define INLINE static inline __attribute__((always_inline))
-
 INLINE __mmask16 lanes(int left) { return left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
 
-/* The next row's cache lines, prefetched a few at a time while this row computes. A row's keys and values are a
-   few dozen KB in pages of their own: too short for the hardware prefetcher to ramp up, so without this each row
-   would wait for memory on its own. */
-typedef struct {
-    const char *next[2], *end[2];
-} Prefetch;
-
-INLINE void prefetch_some(Prefetch *f, int lines) {
-    for (int k = 0; k < lines; k++) {
-        int r = f->next[0] < f->end[0] ? 0 : 1;
-        if (f->next[r] >= f->end[r]) return;
-        _mm_prefetch(f->next[r], _MM_HINT_T1);
-        f->next[r] += 64;
-    }
-}
 
 /* out[i][j0 + j] = scale * (q[i] . key j0 + j) for j < len (at most 16 * NB), from NB blocks of keys at base.
    Q and NB are constants at each call (see the switches below), so the loops over i and b unroll and the
@@ -94,16 +99,6 @@ INLINE void scores_q(const int Q, const float *q, int D, const float *keys, int 
             case 3: score_blocks(Q, 3, q, D, base, block, left, scale, out + j0, out_ld, f); break;
             default: score_blocks(Q, 4, q, D, base, block, left, scale, out + j0, out_ld, f); break;
         }
-    }
-}
-
-static void scores(int Q, const float *q, int D, const float *keys, int len, float scale, float *out, int out_ld,
-                   Prefetch *f) {
-    switch (Q) {
-        case 1: scores_q(1, q, D, keys, len, scale, out, out_ld, f); break;
-        case 2: scores_q(2, q, D, keys, len, scale, out, out_ld, f); break;
-        case 3: scores_q(3, q, D, keys, len, scale, out, out_ld, f); break;
-        default: scores_q(4, q, D, keys, len, scale, out, out_ld, f); break;
     }
 }
 
@@ -159,6 +154,134 @@ INLINE void weighted_sum_q(const int Q, const float *w, int64_t w_ld, int D, con
             _mm512_mask_storeu_ps(dst + 32, m2, _mm512_add_ps(_mm512_maskz_loadu_ps(m2, dst + 32), acc[i][2]));
             _mm512_mask_storeu_ps(dst + 48, m3, _mm512_add_ps(_mm512_maskz_loadu_ps(m3, dst + 48), acc[i][3]));
         }
+    }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+/* e^x for x <= 0, 0 below -87 (and for -inf), as in the AVX-512 version. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.f / 5040.f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+    __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_GE_OQ);
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(_mm256_and_ps(k, live)), _mm256_set1_epi32(127)),
+                                  23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), live);
+}
+
+/* All-ones in the first `left` of 8 lanes. */
+INLINE __m256i lanes8(int left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+INLINE float sum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+INLINE float max8(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* As the AVX-512 scores_q, one block of 16 keys (two registers per query head) at a time. */
+INLINE void scores_q(const int Q, const float *q, int D, const float *keys, int len, float scale, float *out, int out_ld,
+                     Prefetch *f) {
+    const int64_t block = (int64_t)D * 16;
+    __m256 s = _mm256_set1_ps(scale);
+    for (int j0 = 0; j0 < len; j0 += 16) {
+        const float *base = keys + (int64_t)(j0 / 16) * block;
+        __m256i m0 = lanes8(len - j0), m1 = lanes8(len - j0 - 8);
+        __m256 acc[MAX_Q][2];
+        for (int i = 0; i < Q; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d++) {
+            __m256 k0 = _mm256_maskload_ps(base + d * 16, m0), k1 = _mm256_maskload_ps(base + d * 16 + 8, m1);
+            prefetch_some(f, 1);
+            for (int i = 0; i < Q; i++) {
+                __m256 qi = _mm256_broadcast_ss(q + i * D + d);
+                acc[i][0] = _mm256_fmadd_ps(qi, k0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(qi, k1, acc[i][1]);
+            }
+        }
+        for (int i = 0; i < Q; i++) {
+            _mm256_maskstore_ps(out + (int64_t)i * out_ld + j0, m0, _mm256_mul_ps(acc[i][0], s));
+            _mm256_maskstore_ps(out + (int64_t)i * out_ld + j0 + 8, m1, _mm256_mul_ps(acc[i][1], s));
+        }
+    }
+}
+
+static void softmax(float *w, int Q, int len, int64_t w_ld) {
+    const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+    for (int i = 0; i < Q; i++) {
+        float *r = w + i * w_ld;
+        __m256 top = minus_inf;
+        for (int j = 0; j < len; j += 8) {
+            __m256i k = lanes8(len - j);
+            top = _mm256_max_ps(top, _mm256_blendv_ps(minus_inf, _mm256_maskload_ps(r + j, k), _mm256_castsi256_ps(k)));
+        }
+        __m256 m = _mm256_set1_ps(max8(top));
+        __m256 total = _mm256_setzero_ps();
+        for (int j = 0; j < len; j += 8) {
+            __m256i k = lanes8(len - j);
+            __m256 e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(r + j, k), m)),
+                                     _mm256_castsi256_ps(k));
+            _mm256_maskstore_ps(r + j, k, e);
+            total = _mm256_add_ps(total, e);
+        }
+        __m256 inv = _mm256_set1_ps(1.f / sum8(total));
+        for (int j = 0; j < len; j += 8) {
+            __m256i k = lanes8(len - j);
+            _mm256_maskstore_ps(r + j, k, _mm256_mul_ps(_mm256_maskload_ps(r + j, k), inv));
+        }
+    }
+}
+
+/* As the AVX-512 weighted_sum_q, 16 columns of D (two registers per query head) at a time. */
+INLINE void weighted_sum_q(const int Q, const float *w, int64_t w_ld, int D, const float *values, int len, float *out,
+                           Prefetch *f) {
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        __m256 acc[MAX_Q][2];
+        for (int i = 0; i < Q; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        for (int j = 0; j < len; j++) {
+            const float *v = values + (int64_t)j * D + d0;
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            prefetch_some(f, 1);
+            for (int i = 0; i < Q; i++) {
+                __m256 wi = _mm256_broadcast_ss(w + i * w_ld + j);
+                acc[i][0] = _mm256_fmadd_ps(wi, v0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(wi, v1, acc[i][1]);
+            }
+        }
+        for (int i = 0; i < Q; i++) {
+            float *dst = out + i * D + d0;
+            _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), acc[i][0]));
+            _mm256_storeu_ps(dst + 8, _mm256_add_ps(_mm256_loadu_ps(dst + 8), acc[i][1]));
+        }
+    }
+}
+#else
+#error "the fused attention kernel needs AVX-512, or AVX2 with FMA"
+#endif
+
+static void scores(int Q, const float *q, int D, const float *keys, int len, float scale, float *out, int out_ld,
+                   Prefetch *f) {
+    switch (Q) {
+        case 1: scores_q(1, q, D, keys, len, scale, out, out_ld, f); break;
+        case 2: scores_q(2, q, D, keys, len, scale, out, out_ld, f); break;
+        case 3: scores_q(3, q, D, keys, len, scale, out, out_ld, f); break;
+        default: scores_q(4, q, D, keys, len, scale, out, out_ld, f); break;
     }
 }
 

@@ -5,14 +5,16 @@ keys, a concatenation, a scale, a softmax, products over the values, cache write
 operands once more from memory, and the batched products over each row's own keys are small (3 query heads x 64),
 where a BLAS call's fixed cost dominates. The kernel does it all in one pass per row and key/value head: it reads
 each key and value once, from a cache laid out for that read (keys in blocks of 16 positions, ``(blocks, D, 16)``).
-On 2 Xeon cores it took 13 ms for SmolLM2's 30 layers at 64 rows and 64 generated columns, where the PyTorch ops
-took 22 (``tests/engine/test_fused_attention.py`` checks it against them, ``bench/sampling.py`` times the whole).
+On 2 Xeon cores it took 10-11 ms for SmolLM2's 30 layers at 64 rows and 64 generated columns, where the PyTorch
+ops took 22 (``tests/engine/test_fused_attention.py`` checks it against attention by hand, ``bench/sampling.py``
+times the whole).
 
-It needs an x86-64 CPU with AVX-512 and a C compiler (``$CC``, else ``cc``): the library is built with
-``-O3 -march=native -fopenmp`` into ``$RLVR_HOME/kernels/`` (a second or so, once per machine and source) and runs
-on torch's own OpenMP threads. Without them, or with ``RLVR_ATTENTION=torch``, the decoder uses the PyTorch ops;
-``RLVR_ATTENTION=fused`` makes an unavailable kernel an error instead. A freshly loaded library is checked against
-PyTorch on a small case before any use, so a miscompiled kernel is never used silently.
+It needs an x86-64 CPU with AVX-512, or AVX2 with FMA (the same kernel at half the vector width), and a C compiler
+(``$CC``, else ``cc``): the library is built with ``-O3 -march=native -fopenmp`` into ``$RLVR_HOME/kernels/`` (a
+fraction of a second, once per machine and source) and runs on torch's own OpenMP threads. Without them, or with
+``RLVR_ATTENTION=torch``, the decoder uses the PyTorch ops; ``RLVR_ATTENTION=fused`` makes an unavailable kernel
+an error instead. A freshly loaded library is checked against PyTorch on a small case before any use, so a
+miscompiled kernel is never used silently.
 
 Not here: the decode step around it (``decode.py``).
 """
@@ -74,8 +76,9 @@ def _compiler() -> str:
     """The C compiler to build with; RuntimeError naming what this machine lacks for the kernel."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"it needs Linux on x86-64, this is {platform.system()} on {platform.machine()}")
-    if "avx512f" not in _cpu_flags():
-        raise RuntimeError("this CPU has no AVX-512 (no avx512f in /proc/cpuinfo)")
+    flags = _cpu_flags()
+    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
+        raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA (see the flags in /proc/cpuinfo)")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise RuntimeError("no C compiler found (set CC, or install gcc)")
@@ -83,8 +86,8 @@ def _compiler() -> str:
 
 
 def buildable() -> bool:
-    """Whether this machine has what the kernel needs (x86-64 Linux, AVX-512, a C compiler): where it does, a
-    kernel that fails to build or to agree with PyTorch is a defect, not a missing feature."""
+    """Whether this machine has what the kernel needs (x86-64 Linux, AVX-512 or AVX2 with FMA, a C compiler):
+    where it does, a kernel that fails to build or to agree with PyTorch is a defect, not a missing feature."""
     try:
         _compiler()
     except RuntimeError:
@@ -92,15 +95,17 @@ def buildable() -> bool:
     return True
 
 
-def build() -> Path:
+def build(extra_flags: tuple[str, ...] = ()) -> Path:
     """The compiled library for this source, compiler and CPU, built now if not yet (atomically: a finished file or
-    none). Raises RuntimeError naming what is missing or what the compiler said."""
+    none). Raises RuntimeError naming what is missing or what the compiler said. ``extra_flags`` go after the
+    usual ones (``("-mno-avx512f",)`` builds the AVX2 code on an AVX-512 machine, as the tests do)."""
     compiler = _compiler()
+    flags = [*FLAGS, *extra_flags]
     source = SOURCE.read_bytes()
     # -march=native: one library per CPU model and set of CPU flags (a VM may hide some of a model's instructions)
     cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
     machine = " ".join([cpu, *sorted(_cpu_flags())])
-    key = hashlib.sha256(b"\0".join([source, " ".join([compiler, *FLAGS]).encode(), machine.encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([source, " ".join([compiler, *flags]).encode(), machine.encode()])).hexdigest()[:16]
     folder = rlvr_home() / "kernels"
     library = folder / f"decode_attention-{key}.so"
     if library.exists():
@@ -109,7 +114,7 @@ def build() -> Path:
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / library.name
         try:
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
                                   text=True, timeout=300)
         except subprocess.TimeoutExpired as error:
             raise RuntimeError(f"{compiler} took over 300 s") from error
