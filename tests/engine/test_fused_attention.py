@@ -132,6 +132,10 @@ def test_attend_rejects_what_it_cannot_read(kernel):
         fused_attention.attend(kernel, q, *args[:5], args[5].double(), *args[6:], 2, 1, 0.25)
     with pytest.raises(ValueError, match="scratch"):
         fused_attention.attend(kernel, q, *args[:-1], torch.empty(3), 2, 1, 0.25)
+    with pytest.raises(ValueError, match=r"keys: shape \(2, 1, 2, 16, 16\), expected \(2, 1, 1, 16, 16\)"):
+        fused_attention.attend(kernel, q, *args[:5], torch.zeros(2, 1, 2, 16, 16), *args[6:], 2, 1, 0.25)
+    with pytest.raises(ValueError, match="rows per chunk"):  # 2 rows cannot be one chunk of 3
+        fused_attention.attend(kernel, q, *args, 3, 1, 0.25)
     with pytest.raises(ValueError, match="outside what the kernel handles"):
         fused_attention.attend(kernel, q, *args, 2, 9, 0.25)  # 9 columns asked of a cache of 8
 

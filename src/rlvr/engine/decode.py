@@ -324,38 +324,46 @@ class LlamaDecoder:
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         column, self.generated = self.generated, self.generated + 1
         S, H, G, D = slots_total, self.num_heads, self.num_kv_heads, self.head_dim
-        C, c, Q, P = S // self.chunk, self.chunk, H // G, self.bias.shape[-1]
-        fused_out = torch.empty(S, H * D) if self.fused else None  # the kernel's output, reused by every layer
+        out = torch.empty(S, H * D)  # each layer's attention output, read by its o projection before the next
         for layer, keys, values, prompt_keys, prompt_values in zip(
                 self.layers, self.keys, self.values, self.prompt_keys, self.prompt_values, strict=True):
             qkv = layer.qkv(_rms_norm(layer.attn_norm, x))  # (S, (H + 2G) D)
             qk = _rotate(qkv[:, : (H + G) * D].view(S, H + G, D), cos, signed_sin)  # queries and the new keys
-            if self.fused:
-                rotated = qk.view(S, (H + G) * D)
-                fused_attention.attend(self.fused, rotated[:, : H * D], rotated[:, H * D :], qkv[:, (H + G) * D :],
-                                       prompt_keys, prompt_values, self.bias.view(C, P) if self.padded else None,
-                                       keys, values, fused_out, self.scratch, c, self.generated, self.scale)
-                attended = fused_out
-            else:
-                keys[:, :, column] = qk[:, H:]
-                values[:, :, column] = qkv[:, (H + G) * D :].view(S, G, D)
-                q = qk[:, :H].view(S, G, Q, D)  # query heads grouped by the key/value head they share
-                # The prompt part: a chunk's queries side by side against its prompt's keys, read once per chunk.
-                by_chunk = q.view(C, c, G, Q, D).transpose(1, 2).reshape(C, G, c * Q, D)
-                prompt_scores = torch.matmul(by_chunk, prompt_keys.transpose(-1, -2))  # (C, G, c Q, P)
-                if self.padded:
-                    prompt_scores.add_(self.bias)
-                prompt_scores = prompt_scores.view(C, G, c, Q, P).transpose(1, 2).reshape(S, G, Q, P)
-                own_scores = torch.matmul(q, keys[:, :, : self.generated].transpose(-1, -2))  # (S, G, Q, n)
-                weights = torch.cat((prompt_scores, own_scores), dim=-1).mul_(self.scale).softmax(dim=-1)
-                to_prompt = weights[..., :P].reshape(C, c, G, Q, P).transpose(1, 2).reshape(C, G, c * Q, P)
-                attended = torch.matmul(weights[..., P:], values[:, :, : self.generated])  # (S, G, Q, D)
-                from_prompt = torch.matmul(to_prompt, prompt_values)  # (C, G, c Q, D)
-                attended.view(C, c, G, Q, D).add_(from_prompt.view(C, G, c, Q, D).transpose(1, 2))
-            x = x.add_(layer.o(attended.view(S, H * D)))
+            attended = self._attend(qk, qkv[:, (H + G) * D :], keys, values, prompt_keys, prompt_values, column, out)
+            x = x.add_(layer.o(attended))
             gate_up = layer.gate_up(_rms_norm(layer.mlp_norm, x))
             inner = gate_up.shape[-1] // 2
             x = x.add_(layer.down(F.silu(gate_up[:, :inner]).mul_(gate_up[:, inner:])))
         if not full:
             x = x[self.slots]
         return self.head(_rms_norm(self.model.norm, x)).float()
+
+    def _attend(self, qk: torch.Tensor, new_values: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                prompt_keys: torch.Tensor, prompt_values: torch.Tensor, column: int, out: torch.Tensor) -> torch.Tensor:
+        """One layer's attention, (S, H * D): each slot's queries (``qk[:, :H]``, rotated) over its chunk's prompt and
+        its own generated columns, after writing its new key (``qk[:, H:]``) and value (``new_values``, (S, G * D))
+        to generated column ``column``. By the fused kernel into ``out`` where it runs, else by batched matmuls."""
+        S, H, G, D = qk.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        C, c, Q, P = S // self.chunk, self.chunk, H // G, self.bias.shape[-1]
+        if self.fused:
+            rotated = qk.view(S, (H + G) * D)
+            fused_attention.attend(self.fused, rotated[:, : H * D], rotated[:, H * D :], new_values, prompt_keys,
+                                   prompt_values, self.bias.view(C, P) if self.padded else None, keys, values, out,
+                                   self.scratch, c, self.generated, self.scale)
+            return out
+        keys[:, :, column] = qk[:, H:]
+        values[:, :, column] = new_values.view(S, G, D)
+        q = qk[:, :H].view(S, G, Q, D)  # query heads grouped by the key/value head they share
+        # The prompt part: a chunk's queries side by side against its prompt's keys, read once per chunk.
+        by_chunk = q.view(C, c, G, Q, D).transpose(1, 2).reshape(C, G, c * Q, D)
+        prompt_scores = torch.matmul(by_chunk, prompt_keys.transpose(-1, -2))  # (C, G, c Q, P)
+        if self.padded:
+            prompt_scores.add_(self.bias)
+        prompt_scores = prompt_scores.view(C, G, c, Q, P).transpose(1, 2).reshape(S, G, Q, P)
+        own_scores = torch.matmul(q, keys[:, :, : self.generated].transpose(-1, -2))  # (S, G, Q, n)
+        weights = torch.cat((prompt_scores, own_scores), dim=-1).mul_(self.scale).softmax(dim=-1)
+        to_prompt = weights[..., :P].reshape(C, c, G, Q, P).transpose(1, 2).reshape(C, G, c * Q, P)
+        attended = torch.matmul(weights[..., P:], values[:, :, : self.generated])  # (S, G, Q, D)
+        from_prompt = torch.matmul(to_prompt, prompt_values)  # (C, G, c Q, D)
+        attended.view(C, c, G, Q, D).add_(from_prompt.view(C, G, c, Q, D).transpose(1, 2))
+        return attended.view(S, H * D)

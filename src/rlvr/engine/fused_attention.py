@@ -178,6 +178,17 @@ def attend(function, q: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor, 
                                                                                       None else ()):
         if not tensor.is_contiguous() or tensor.dtype != torch.float32:
             raise ValueError(f"{name}: a contiguous float32 tensor expected")
+    chunks = prompt_values.shape[0]
+    row = (slots, kv_heads * head_dim)
+    shapes = {"new_k": (new_k.shape, row), "new_v": (new_v.shape, row),
+              "prompt_keys": (prompt_keys.shape, (chunks, kv_heads, key_blocks(prompt_width), head_dim, BLOCK)),
+              "keys": (keys.shape, (slots, kv_heads, key_blocks(capacity), head_dim, BLOCK)),
+              "values": (values.shape, (slots, kv_heads, capacity, head_dim)), "out": (out.shape, (slots, heads_dim)),
+              "bias": (bias.shape if bias is not None else (chunks, prompt_width), (chunks, prompt_width)),
+              "rows per chunk": ((slots,), (chunks * chunk,))}
+    for name, (got, expected) in shapes.items():
+        if tuple(got) != expected:
+            raise ValueError(f"{name}: shape {tuple(got)}, expected {expected}")
     if scratch.numel() < slots * kv_heads * query_heads * (prompt_width + generated):
         raise ValueError(f"scratch: {scratch.numel()} floats, too few for this step")
     failed = function(q.data_ptr(), q.stride(0), new_k.data_ptr(), new_k.stride(0), new_v.data_ptr(), new_v.stride(0),
