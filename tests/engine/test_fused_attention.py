@@ -99,7 +99,7 @@ def test_padding_gets_no_weight(kernel):
     bias = torch.zeros(1, width)
     bias[0, :5] = float("-inf")
     values = torch.zeros(slots, kv_heads, 16, head_dim)
-    out = torch.empty(slots, query_heads * head_dim)
+    out = torch.full((slots, query_heads * head_dim), float("nan"))
     fused_attention.attend(kernel, q, new, new, fused_attention.to_blocks(torch.randn(1, kv_heads, width, head_dim)),
                            prompt_values, bias, fused_attention.to_blocks(torch.zeros(slots, kv_heads, 16, head_dim)),
                            values, out, torch.empty(slots * query_heads * (width + 1)), 2, 1, 0.25)
@@ -196,7 +196,7 @@ def test_exp_of_scores_matches_torch_at_float32_rounding(kernel):
     prompt_keys = torch.zeros(1, 1, width, head_dim)
     prompt_keys[0, 0, :, 0] = torch.linspace(-80, 5, width)  # scores from -80 to 5 (scale 1)
     prompt_values = torch.randn(1, 1, width, head_dim, generator=torch.Generator().manual_seed(0))
-    out = torch.empty(1, head_dim)
+    out = torch.full((1, head_dim), float("nan"))
     new = torch.zeros(1, head_dim)
     fused_attention.attend(kernel, q, new, new, fused_attention.to_blocks(prompt_keys), prompt_values, None,
                            torch.zeros(1, 1, 1, head_dim, 16), torch.zeros(1, 1, 16, head_dim), out,

@@ -232,7 +232,8 @@ def self_check(function) -> None:
     bias = torch.zeros(2, width)
     bias[1, :5] = float("-inf")
     own_keys, own_values = randn(slots, kv_heads, capacity, head_dim), randn(slots, kv_heads, capacity, head_dim)
-    blocked, values, out = to_blocks(own_keys), own_values.clone(), torch.empty(slots, heads * head_dim)
+    blocked, values = to_blocks(own_keys), own_values.clone()
+    out = torch.full((slots, heads * head_dim), float("nan"))  # not empty: freed memory may hold a right answer
     scratch = torch.empty(slots * heads * (width + generated))
     attend(function, q, new_k, new_v, to_blocks(prompt_keys), prompt_values, bias, blocked, values, out, scratch,
            chunk, generated, head_dim**-0.5)
