@@ -324,7 +324,7 @@ class LlamaDecoder:
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         column, self.generated = self.generated, self.generated + 1
         S, H, G, D = slots_total, self.num_heads, self.num_kv_heads, self.head_dim
-        out = torch.empty(S, H * D)  # each layer's attention output, read by its o projection before the next
+        out = torch.empty(S, H * D) if self.fused else None  # the kernel's output, read by o before the next layer
         for layer, keys, values, prompt_keys, prompt_values in zip(
                 self.layers, self.keys, self.values, self.prompt_keys, self.prompt_values, strict=True):
             qkv = layer.qkv(_rms_norm(layer.attn_norm, x))  # (S, (H + 2G) D)
@@ -339,7 +339,8 @@ class LlamaDecoder:
         return self.head(_rms_norm(self.model.norm, x)).float()
 
     def _attend(self, qk: torch.Tensor, new_values: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                prompt_keys: torch.Tensor, prompt_values: torch.Tensor, column: int, out: torch.Tensor) -> torch.Tensor:
+                prompt_keys: torch.Tensor, prompt_values: torch.Tensor, column: int, out: torch.Tensor | None
+                ) -> torch.Tensor:
         """One layer's attention, (S, H * D): each slot's queries (``qk[:, :H]``, rotated) over its chunk's prompt and
         its own generated columns, after writing its new key (``qk[:, H:]``) and value (``new_values``, (S, G * D))
         to generated column ``column``. By the fused kernel into ``out`` where it runs, else by batched matmuls."""

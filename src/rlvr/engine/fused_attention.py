@@ -62,21 +62,23 @@ def supports(query_heads_per_kv: int, head_dim: int) -> bool:
     return 1 <= query_heads_per_kv <= MAX_QUERY_HEADS and head_dim % 16 == 0
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu() -> tuple[str, frozenset[str]]:
+    """This CPU's model name and flags, from /proc/cpuinfo (empty where there is none)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return set()
+        return "", frozenset()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return model, frozenset(flags)
 
 
 def _compiler() -> str:
     """The C compiler to build with; RuntimeError naming what this machine lacks for the kernel."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         raise RuntimeError(f"it needs Linux on x86-64, this is {platform.system()} on {platform.machine()}")
-    flags = _cpu_flags()
+    _, flags = _cpu()
     if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
         raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA (see the flags in /proc/cpuinfo)")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -103,8 +105,8 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     flags = [*FLAGS, *extra_flags]
     source = SOURCE.read_bytes()
     # -march=native: one library per CPU model and set of CPU flags (a VM may hide some of a model's instructions)
-    cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
-    machine = " ".join([cpu, *sorted(_cpu_flags())])
+    model, cpu_flags = _cpu()
+    machine = " ".join([model, *sorted(cpu_flags)])
     key = hashlib.sha256(b"\0".join([source, " ".join([compiler, *flags]).encode(), machine.encode()])).hexdigest()[:16]
     folder = rlvr_home() / "kernels"
     library = folder / f"decode_attention-{key}.so"
@@ -173,9 +175,11 @@ def attend(function, q: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor, 
     for name, tensor in (("q", q), ("new_k", new_k), ("new_v", new_v)):
         if tensor.stride(1) != 1 or tensor.dtype != torch.float32:
             raise ValueError(f"{name}: rows of unit stride in float32 expected, got strides {tensor.stride()}")
-    for name, tensor in (("prompt_keys", prompt_keys), ("prompt_values", prompt_values), ("keys", keys),
-                         ("values", values), ("out", out), ("scratch", scratch)) + ((("bias", bias),) if bias is not
-                                                                                      None else ()):
+    whole = {"prompt_keys": prompt_keys, "prompt_values": prompt_values, "keys": keys, "values": values, "out": out,
+             "scratch": scratch}
+    if bias is not None:
+        whole["bias"] = bias
+    for name, tensor in whole.items():
         if not tensor.is_contiguous() or tensor.dtype != torch.float32:
             raise ValueError(f"{name}: a contiguous float32 tensor expected")
     chunks = prompt_values.shape[0]
