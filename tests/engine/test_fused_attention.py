@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlvr.engine import fused_attention
+from rlvr.engine import fused_attention, native
 from rlvr.errors import ConfigurationError
 
 
@@ -19,7 +19,7 @@ def kernel(request):
     if not fused_attention.buildable():
         pytest.skip("the fused attention kernel cannot run here (no AVX-512 or AVX2, or no C compiler)")
     if request.param == "avx2":
-        if not {"avx2", "fma"} <= fused_attention._cpu()[1]:
+        if not {"avx2", "fma"} <= native.cpu()[1]:
             pytest.skip("no AVX2 with FMA here")
         return fused_attention.bind(fused_attention.build(("-mno-avx512f",)))
     return fused_attention.bind(fused_attention.build())

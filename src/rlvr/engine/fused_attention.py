@@ -10,8 +10,8 @@ ops took 22 (``tests/engine/test_fused_attention.py`` checks it against attentio
 times the whole).
 
 It needs an x86-64 CPU with AVX-512, or AVX2 with FMA (the same kernel at half the vector width), and a C compiler
-(``$CC``, else ``cc``): the library is built with ``-O3 -march=native -fopenmp`` into ``$RLVR_HOME/kernels/`` (a
-fraction of a second, once per machine and source) and runs on torch's own OpenMP threads. Without them, or with
+(``$CC``, else ``cc``): ``native`` builds it for this CPU into ``$RLVR_HOME/kernels/`` (a fraction of a second,
+once per machine and source); it runs on torch's own OpenMP threads. Without them, or with
 ``RLVR_ATTENTION=torch``, the decoder uses the PyTorch ops; ``RLVR_ATTENTION=fused`` makes an unavailable kernel
 an error instead. A freshly loaded library is checked against PyTorch on a small case before any use, so a
 miscompiled kernel is never used silently.
@@ -23,22 +23,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from rlvr.engine.models import rlvr_home
+from rlvr.engine import native
 from rlvr.errors import ConfigurationError
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+SOURCE = "decode_attention.c"
 BLOCK = 16  # key positions per block of the key cache
 MAX_QUERY_HEADS = 4  # query heads per key/value head the kernel handles
 
@@ -62,29 +56,10 @@ def supports(query_heads_per_kv: int, head_dim: int) -> bool:
     return 1 <= query_heads_per_kv <= MAX_QUERY_HEADS and head_dim % 16 == 0
 
 
-@functools.cache
-def _cpu() -> tuple[str, frozenset[str]]:
-    """This CPU's model name and flags, from /proc/cpuinfo (empty where there is none)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "", frozenset()
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    return model, frozenset(flags)
-
-
 def _compiler() -> str:
     """The C compiler to build with; RuntimeError naming what this machine lacks for the kernel."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        raise RuntimeError(f"it needs Linux on x86-64, this is {platform.system()} on {platform.machine()}")
-    _, flags = _cpu()
-    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
-        raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA (see the flags in /proc/cpuinfo)")
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise RuntimeError("no C compiler found (set CC, or install gcc)")
-    return compiler
+    flags = native.cpu()[1]
+    return native.compiler("AVX-512 and AVX2 with FMA", "avx512f" in flags or {"avx2", "fma"} <= flags)
 
 
 def buildable() -> bool:
@@ -98,32 +73,9 @@ def buildable() -> bool:
 
 
 def build(extra_flags: tuple[str, ...] = ()) -> Path:
-    """The compiled library for this source, compiler and CPU, built now if not yet (atomically: a finished file or
-    none). Raises RuntimeError naming what is missing or what the compiler said. ``extra_flags`` go after the
-    usual ones (``("-mno-avx512f",)`` builds the AVX2 code on an AVX-512 machine, as the tests do)."""
-    compiler = _compiler()
-    flags = [*FLAGS, *extra_flags]
-    source = SOURCE.read_bytes()
-    # -march=native: one library per CPU model and set of CPU flags (a VM may hide some of a model's instructions)
-    model, cpu_flags = _cpu()
-    machine = " ".join([model, *sorted(cpu_flags)])
-    key = hashlib.sha256(b"\0".join([source, " ".join([compiler, *flags]).encode(), machine.encode()])).hexdigest()[:16]
-    folder = rlvr_home() / "kernels"
-    library = folder / f"decode_attention-{key}.so"
-    if library.exists():
-        return library
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        built = Path(scratch) / library.name
-        try:
-            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
-                                  text=True, timeout=300)
-        except subprocess.TimeoutExpired as error:
-            raise RuntimeError(f"{compiler} took over 300 s") from error
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
-        os.replace(built, library)
-    return library
+    """The compiled kernel library (``native.build``); RuntimeError naming what is missing or what the compiler
+    said. ``extra_flags``: ``("-mno-avx512f",)`` builds the AVX2 code on an AVX-512 machine, as the tests do."""
+    return native.build(SOURCE, _compiler(), extra_flags)
 
 
 def bind(library: Path):
