@@ -3,7 +3,9 @@
 The same prompts, group sizes and parameters go through both, on ``smollm2-135m``: 1, 8 and 64 sequences (64 =
 8 prompts x 8 samples), 128 new tokens each (no early stop, so both produce exactly that many). Printed: tokens/s of
 both, the ratio, and the fraction of this machine's bound rlvr reaches: decoding many rows is compute-bound at about
-2 x parameters FLOPs per token, measured against the matmul FLOP/s this machine sustains.
+2 x parameters FLOPs per token, measured against the float32 matmul FLOP/s this machine sustains (``F.linear``:
+what ``generate`` multiplies with). The decoder's own kernel is named beside it: where it is the AMX kernel
+(``bf16x3``, three bfloat16 products per float32 one), its rate is above that bound, and so can the fraction be.
 
 Everything that computes runs on the engine's thread, generate included: torch work split between two threads of
 one process ran about a third slower here than the same work on one thread, whichever side it hit.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,7 +44,7 @@ import rlvr
 from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.models import load_base_model
-from rlvr.engine.packed import PRECISIONS, bfloat16_supported
+from rlvr.engine.packed import PRECISIONS, bfloat16_supported, chosen_kind
 
 
 def matmul_flops(dtype: torch.dtype = torch.float32) -> float:
@@ -128,6 +131,8 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
     print(f"smollm2-135m in {precision}: {params / 1e6:.1f}M parameters; matmul {flops / 1e9:.0f} GFLOP/s -> compute "
           f"bound {bound:.0f} tokens/s; {torch.get_num_threads()} threads; {args.max_tokens} new tokens per sequence")
     run_rlvr(sampler, prompts_for(tokenizer, 1), 1, 4)  # warm-up
+    kernel = chosen_kind("decode") or os.environ.get("RLVR_MATMUL") or "plain"
+    print(f"rlvr's decode matmul kernel: {kernel if precision == 'float32' else 'bf16 (oneDNN)'}")
     results = {}
     print(f"{'sequences':>9} | {'rlvr tok/s':>10} | {'generate tok/s':>14} | {'ratio':>5} | {'of bound':>8}")
     for size in [int(s) for s in args.sizes.split(",")]:
@@ -166,7 +171,8 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
                         "ratio_lora": ours_lora / row["lora"]})
             print(f"{size:>9} | {row['rlvr']:>7.1f} | {row['base']:>7.1f} | {row['ratio']:>5.2f} | {ours_lora:>9.1f} | "
                   f"{row['lora']:>9.1f} | {row['ratio_lora']:>5.2f}")
-    return {"precision": precision, "machine": {"threads": torch.get_num_threads(), "matmul_flops": flops},
+    return {"precision": precision, "decode_kernel": kernel,
+            "machine": {"threads": torch.get_num_threads(), "matmul_flops": flops},
             "max_tokens": args.max_tokens, "repeats": args.repeats, "results": results, "vllm": vllm}
 
 

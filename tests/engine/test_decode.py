@@ -55,6 +55,8 @@ def reference_logits(model, sequence: list[int]) -> torch.Tensor:
 def decode_against_the_model(model, decoder, prompts, rows, keeps: dict[int, list[int]], seed: int) -> None:
     """Six decode steps of random tokens, each step's logits checked against a plain forward over every live row's
     sequence; after step ``i`` in ``keeps`` only those rows go on."""
+    # float32 rounding; the AMX kernel's products round ~15x more (a wrong product would be off by ~0.1)
+    atol = 3e-4 if decoder.head.pack_kind == "bf16x3" else 2e-5
     sequences = [list(prompts[r]) for r in rows.tolist()]
     live = list(range(len(sequences)))
     gen = torch.Generator().manual_seed(seed)
@@ -65,14 +67,14 @@ def decode_against_the_model(model, decoder, prompts, rows, keeps: dict[int, lis
             sequences[r].append(t)
         logits = decoder.step(tokens, positions)
         expected = torch.stack([reference_logits(model, sequences[r]) for r in live])
-        torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(logits, expected, atol=atol, rtol=1e-4)
         if step in keeps:
             decoder.keep(torch.tensor(keeps[step]))
             live = [live[i] for i in keeps[step]]
 
 
 @pytest.mark.parametrize("adapter", [None, "tuned"])
-@pytest.mark.parametrize("packed", ["", "mkldnn", "mkl"])
+@pytest.mark.parametrize("packed", ["", "mkldnn", "mkl", "bf16x3"])
 def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
     if packed and packed not in decode.pack_kinds():
         pytest.skip(f"this torch has no {packed} packed matmul")

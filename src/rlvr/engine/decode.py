@@ -39,10 +39,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvr.engine import fused_attention
+from rlvr.engine import amx_linear, fused_attention
 from rlvr.engine.packed import PACK_MAX_BYTES, fastest_kind, model_kind, pack, pack_kinds, packed_linear
 
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
+TIMING_ROWS = 64  # the batch the decode kernel is chosen at (once per process): 8 prompts x 8 samples
 MACHINE_BALANCE = 20.0  # FLOPs per byte of memory read at which a 2-core CPU's matmuls and memory take equal time
 
 
@@ -74,14 +75,32 @@ class _Projections:
     pack_bias: torch.Tensor | None = None
     pack_shape: torch.Tensor | None = None  # (out, in), no storage: read by MKL only when the row count differs
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """All outputs side by side, (R, sum of output sizes), in the order of the modules."""
+    def __call__(self, x: torch.Tensor, norm: torch.nn.Module | None = None, gated: bool = False) -> torch.Tensor:
+        """All outputs side by side, (R, sum of output sizes), in the order of the modules, for the input ``x``, or
+        ``x`` through the RMSNorm ``norm``, or with ``gated`` SiLU of ``x``'s first half times its second half. On
+        the AMX kernel the kernel computes that input itself (and hands it to the adapters)."""
+        if self.pack_kind == "bf16x3":
+            inputs = torch.empty(x.shape[0], self.pack_shape.shape[1]) if self.adapters else None
+            out = amx_linear.linear(amx_linear.kernel(), x, self.packed, self.pack_shape.shape[0],
+                                    None if norm is None else norm.weight,
+                                    0.0 if norm is None else norm.variance_epsilon, gated, inputs)
+            if self.pack_bias is not None:
+                out.add_(self.pack_bias)
+            return self._add_adapters(inputs, out)
+        if norm is not None:
+            x = _rms_norm(norm, x)
+        if gated:
+            x = F.silu(x[:, : x.shape[1] // 2]).mul_(x[:, x.shape[1] // 2 :])
         if self.packed is not None and (self.pack_kind != "mkl" or x.shape[0] == self.pack_rows):
             out = packed_linear(x, self.packed, self.pack_kind, self.pack_shape, self.pack_bias, self.pack_rows)
         elif len(self.weights) == 1:
             out = F.linear(x, self.weights[0], self.biases[0])
         else:
             out = torch.cat([F.linear(x, w, b) for w, b in zip(self.weights, self.biases, strict=True)], dim=-1)
+        return self._add_adapters(x, out)
+
+    def _add_adapters(self, x: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+        """``out`` plus each active adapter's product on the input ``x`` (None only when there are none)."""
         for adapter in self.adapters:
             low = F.linear(x, adapter.a)  # (R, sum r)
             for columns, rows, b, scale in adapter.parts:
@@ -134,15 +153,16 @@ _PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, int, list[torch.Te
 
 def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], rows: int) -> None:
     """Give ``projections`` their base weights fused and prepacked for this machine's fastest matmul (chosen by
-    timing on the first batch; about 0.5 s and one more copy of the weights for SmolLM2). oneDNN's packs serve
-    every batch; MKL's are for one row count and are rebuilt when a batch of another size starts."""
+    timing at ``TIMING_ROWS`` rows on the first batch; about 0.5 s and one more copy of the weights for SmolLM2).
+    oneDNN's and the AMX kernel's packs serve every batch; MKL's are for one row count and are rebuilt when a batch
+    of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)
     bf16 = model_kind(causal_lm) == "bf16"  # the trainer multiplies in bfloat16: so must the sampler
     if not bf16 and (not pack_kinds() or size > PACK_MAX_BYTES):
         return
     kind, packed_rows, packs = _PACKS.get(causal_lm, (None, 0, []))
     if kind is None:
-        kind = "bf16" if bf16 else fastest_kind("decode", torch.cat(projections[0].weights), max(rows, 16))
+        kind = "bf16" if bf16 else fastest_kind("decode", torch.cat(projections[0].weights), TIMING_ROWS)
     if kind and (not packs or (kind == "mkl" and packed_rows != rows)):
         packs.clear()  # free the old packs before building new ones
         packs = [pack(torch.cat(p.weights), kind, rows) for p in projections]
@@ -327,16 +347,14 @@ class LlamaDecoder:
         out = torch.empty(S, H * D) if self.fused else None  # the kernel's output, read by o before the next layer
         for layer, keys, values, prompt_keys, prompt_values in zip(
                 self.layers, self.keys, self.values, self.prompt_keys, self.prompt_values, strict=True):
-            qkv = layer.qkv(_rms_norm(layer.attn_norm, x))  # (S, (H + 2G) D)
+            qkv = layer.qkv(x, norm=layer.attn_norm)  # (S, (H + 2G) D)
             qk = _rotate(qkv[:, : (H + G) * D].view(S, H + G, D), cos, signed_sin)  # queries and the new keys
             attended = self._attend(qk, qkv[:, (H + G) * D :], keys, values, prompt_keys, prompt_values, column, out)
             x = x.add_(layer.o(attended))
-            gate_up = layer.gate_up(_rms_norm(layer.mlp_norm, x))
-            inner = gate_up.shape[-1] // 2
-            x = x.add_(layer.down(F.silu(gate_up[:, :inner]).mul_(gate_up[:, inner:])))
+            x = x.add_(layer.down(layer.gate_up(x, norm=layer.mlp_norm), gated=True))
         if not full:
             x = x[self.slots]
-        return self.head(_rms_norm(self.model.norm, x)).float()
+        return self.head(x, norm=self.model.norm).float()
 
     def _attend(self, qk: torch.Tensor, new_values: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 prompt_keys: torch.Tensor, prompt_values: torch.Tensor, column: int, out: torch.Tensor | None
