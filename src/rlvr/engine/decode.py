@@ -6,7 +6,9 @@ flash kernel on a query of length 1. This module runs the same arithmetic with t
 
 - each projection is one matmul on the base weight plus, per active LoRA adapter, the adapter's A once per input
   (q, k and v share one A-matmul, so do gate and up) and one ``addmm_`` per B, scaled as peft scales it. Adapters
-  stay unmerged, so any number of sampler snapshots share the one base model;
+  stay unmerged, so any number of sampler snapshots share the one base model. On a CPU with AMX the base matmuls
+  run on ``amx_linear`` (three bfloat16 products per float32 one), which also computes their input: the RMSNorms
+  and the MLP's SiLU(gate) * up cost no op of their own;
 - rows that continue one prompt sit in chunks of consecutive slots, and a chunk holds its prompt's keys and values
   once: attention reads a prompt once per chunk (its rows' queries side by side in one product), not once per row,
   and only the generated columns once per row. The chunk size is the one whose step costs least (``chunk_size``:
@@ -152,8 +154,9 @@ _PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, int, list[torch.Te
 
 
 def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], rows: int) -> None:
-    """Give ``projections`` their base weights fused and prepacked for this machine's fastest matmul (chosen by
-    timing at ``TIMING_ROWS`` rows on the first batch; about 0.5 s and one more copy of the weights for SmolLM2).
+    """Give ``projections`` their base weights fused and prepacked for this machine's fastest matmul (the AMX kernel
+    where it runs, else chosen by timing at ``TIMING_ROWS`` rows on the first batch; about 0.5 s and one more copy
+    of the weights for SmolLM2).
     oneDNN's and the AMX kernel's packs serve every batch; MKL's are for one row count and are rebuilt when a batch
     of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)

@@ -11,8 +11,8 @@ environment fixes the choice, e.g. for runs that must round alike across process
 
 Where the CPU has AMX (a Xeon since Sapphire Rapids), the sampler's decode steps take rlvr's own kernel instead,
 without timing (``amx_linear``, kind "bf16x3"): each float32 product as three bfloat16 products on AMX tiles, ~16
-bits of the product where float32 keeps ~22, at 1.4-2.7x MKL's float32 rate on SmolLM2's products at 8-64 rows
-(0.74x at 1 row). Measured on SmolLM2 with a rank-16 adapter over three training steps, 64 sequences each: the
+bits of the product where float32 keeps ~22, at 1.1-1.4x MKL's packed float32 rate on SmolLM2's MLP weights
+streamed from memory at 8-64 rows (2.7x on a weight in cache; 0.74x at 1 row). Measured on SmolLM2 with a rank-16 adapter over three training steps, 64 sequences each: the
 sampler's logprobs differ from the trainer's by 1.6e-5 per token on average (largest 2.2e-4), against 6.6e-6
 (3.3e-5) with MKL's float32 products; bfloat16 gives 0.03. The trainer stays on float32 kernels. A fixed choice (not
 timed) also makes every process of a machine round alike: timing picks among kernels whose speeds are close on
@@ -60,7 +60,9 @@ PRECISIONS = ("float32", "bfloat16")
 def base_precision(precision: str | None = None) -> str:
     """What frozen base weights are multiplied in: ``precision`` if given, else ``RLVR_PRECISION``, else float32.
 
-    - ``"float32"``: float32 throughout; the sampler's logprobs equal the trainer's to ~1e-5 (tested).
+    - ``"float32"``: float32 throughout, except the sampler's decode products on a CPU with AMX (three bfloat16
+      products each, ~16 bits: see the module docstring); the sampler's logprobs equal the trainer's to ~1e-5 per
+      token (6.6e-6 with float32 products, 1.6e-5 with AMX's, on SmolLM2; tested within 1e-3).
     - ``"bfloat16"``: every frozen base matmul (trainer and sampler alike) takes bfloat16 inputs and weights on
       oneDNN (AMX where the CPU has it: ~6x float32's rate on a Xeon) and rounds its result to bfloat16; the residual
       stream, norms, attention, LoRA and logits stay float32. Faster, and the sampler and the trainer then agree only
