@@ -103,6 +103,15 @@ static void split(const float *x, int64_t x_stride, const float *norm, float eps
     }
 }
 
+/* Accumulator t (row tile t >> 1, block t & 1) += A tile 4 + (t >> 1) times B tile 6 + (t & 1). */
+#define PRODUCTS()               \
+    do {                         \
+        _tile_dpbf16ps(0, 4, 6); \
+        _tile_dpbf16ps(1, 4, 7); \
+        _tile_dpbf16ps(2, 5, 6); \
+        _tile_dpbf16ps(3, 5, 7); \
+    } while (0)
+
 /* One pair of blocks (w0, w1) against 32 rows of a (ah, al): out[0:rows, 0:columns] of the pair's 32 columns.
    `next` (bytes of the next pair, or NULL) is prefetched into L2 in even shares over the steps. */
 static void block_pair(const uint16_t *w0, const uint16_t *w1, const char *next, int64_t next_bytes, int steps,
@@ -124,24 +133,15 @@ static void block_pair(const uint16_t *w0, const uint16_t *w1, const char *next,
         _tile_loadd(5, ah + a + second, a_stride);
         _tile_loadd(6, h0, 64);
         _tile_loadd(7, h1, 64);
-        _tile_dpbf16ps(0, 4, 6); /* ah Wh */
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        PRODUCTS(); /* ah Wh */
         _tile_loadd(6, h0 + TILE, 64);
         _tile_loadd(7, h1 + TILE, 64);
-        _tile_dpbf16ps(0, 4, 6); /* ah Wl */
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        PRODUCTS(); /* ah Wl */
         _tile_loadd(4, al + a, a_stride);
         _tile_loadd(5, al + a + second, a_stride);
         _tile_loadd(6, h0, 64);
         _tile_loadd(7, h1, 64);
-        _tile_dpbf16ps(0, 4, 6); /* al Wh */
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        PRODUCTS(); /* al Wh */
     }
     float result[4][ROWS * COLUMNS];
     _tile_stored(0, result[0], 64);
