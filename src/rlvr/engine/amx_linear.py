@@ -5,16 +5,17 @@ At 64 rows a decode step is its products: 2 x 135M multiply-adds per row for Smo
 multiply bfloat16 at several times that rate. Bfloat16 alone keeps 8 of float32's 24 bits: the sampler would then
 agree with a float32 trainer only to ~0.03 per token. Split into high and low bfloat16 parts, a = ah + al and
 W = Wh + Wl, three products ah Wh + ah Wl + al Wh accumulated in float32 keep ~16 bits: products within ~2e-7 of
-exact ones relative to the sum of |terms| (float32's own are within ~1.5e-8), 1.4x MKL's packed float32 rate on
-SmolLM2's MLP weights streamed from memory at 64 rows (2.7x on a weight in cache). The weights are packed once (high and low parts: the size of the float32 weights).
+exact ones relative to the sum of |terms| (float32's own are within ~1.5e-8), at 1.4x MKL's packed float32 rate
+on SmolLM2's MLP weights streamed from memory at 64 rows (2.7x on a weight in cache). The weights are packed once
+(high and low parts: the size of the float32 weights).
 
 The kernel also computes its input: the RMSNorm before attention and MLP, and the MLP's SiLU(gate) * up, in the
 pass that splits the input into bfloat16, so these cost no PyTorch op; it writes that input out when LoRA adapters
 need it.
 
 ``packed.py`` offers it as the matmul kind "bf16x3" where it runs here (x86-64 Linux, AMX-BF16 and AVX512-BF16, a
-C compiler, and Linux granting the process AMX's tile state), and the decoder's kind is chosen by timing among
-them. A freshly built library is checked against products by hand before any use.
+C compiler, and Linux granting the process AMX's tile state), and the decoder takes it wherever it runs. A freshly
+built library is checked against products by hand before any use.
 
 Not here: choosing the kind (``packed.py``), the decode step (``decode.py``), building C (``native.py``).
 """

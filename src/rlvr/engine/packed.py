@@ -11,12 +11,12 @@ environment fixes the choice, e.g. for runs that must round alike across process
 
 Where the CPU has AMX (a Xeon since Sapphire Rapids), the sampler's decode steps take rlvr's own kernel instead,
 without timing (``amx_linear``, kind "bf16x3"): each float32 product as three bfloat16 products on AMX tiles, ~16
-bits of the product where float32 keeps ~22, at 1.1-1.4x MKL's packed float32 rate on SmolLM2's MLP weights
-streamed from memory at 8-64 rows (2.7x on a weight in cache; 0.74x at 1 row). Measured on SmolLM2 with a rank-16 adapter over three training steps, 64 sequences each: the
-sampler's logprobs differ from the trainer's by 1.6e-5 per token on average (largest 2.2e-4), against 6.6e-6
-(3.3e-5) with MKL's float32 products; bfloat16 gives 0.03. The trainer stays on float32 kernels. A fixed choice (not
-timed) also makes every process of a machine round alike: timing picks among kernels whose speeds are close on
-small weights, and so differed between a Ray replica and the driver.
+bits of the product where float32 keeps ~22, at 1.1-1.4x MKL's packed float32 rate on SmolLM2's MLP weights streamed
+from memory at 8-64 rows (2.7x on a weight in cache; 0.74x at 1 row). Measured on SmolLM2 with a rank-16 adapter
+over three training steps, 64 sequences each: the sampler's logprobs differ from the trainer's by 1.6e-5 per token
+on average (largest 2.2e-4), against 6.6e-6 (3.3e-5) with MKL's float32 products; bfloat16 gives 0.03. The trainer
+stays on float32 kernels. A fixed choice (not timed) also makes every process of a machine round alike: timing picks
+among kernels whose speeds are close on small weights, and so differed between a Ray replica and the driver.
 
 oneDNN's was opt-in for a while: on the EPYC, 8-step ``bench/rl_step.py`` runs with it ended below the same seed's
 runs without it on five of six seeds. Its products match ``F.linear``'s to rounding (tested), and sampling with it
