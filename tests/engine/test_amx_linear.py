@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.engine import amx_linear, packed
+from rlvr.errors import ConfigurationError
 
 pytestmark = pytest.mark.skipif(not amx_linear.buildable(), reason="no AMX-BF16 with AVX512-BF16, or no C compiler")
 
@@ -124,6 +125,15 @@ def test_a_disagreeing_kernel_is_rejected():
 
     with pytest.raises(RuntimeError, match="disagrees with products by hand"):
         amx_linear.self_check(writes_nothing)
+
+
+def test_a_machine_without_amx_is_not_offered_the_kind(monkeypatch):
+    monkeypatch.setattr(amx_linear, "_granted", lambda: False)  # Linux refusing the tile state, as before 5.16
+    assert not amx_linear.buildable()
+    assert "bf16x3" not in packed.pack_kinds()
+    monkeypatch.setenv("RLVR_MATMUL", "bf16x3")
+    with pytest.raises(ConfigurationError, match="RLVR_MATMUL='bf16x3': choose plain or one of"):
+        packed.fastest_kind("decode", torch.randn(8, 4), 16)
 
 
 def test_the_kernel_is_offered_and_can_be_forced(kernel, monkeypatch):

@@ -43,13 +43,24 @@ def _compiler() -> str:
     return native.compiler("AMX-BF16 with AVX512-BF16", set(NEEDS) <= native.cpu()[1])
 
 
+@functools.cache
+def _granted() -> bool:
+    """Whether Linux grants this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 and later).
+    A CPU's flags may show AMX where the kernel or a sandbox does not allow it."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl on x86-64
+    except (OSError, AttributeError):
+        return False
+
+
 def buildable() -> bool:
-    """Whether this machine has what the kernel needs (x86-64 Linux, AMX-BF16, AVX512-BF16, a C compiler)."""
+    """Whether this machine has what the kernel needs (x86-64 Linux, AMX-BF16, AVX512-BF16, a C compiler, and Linux
+    granting AMX): where it does, a kernel that fails to build or to agree with products by hand is a defect."""
     try:
         _compiler()
     except RuntimeError:
         return False
-    return True
+    return _granted()
 
 
 def bind():
