@@ -22,8 +22,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "vector_exp.h"
 
@@ -31,8 +29,6 @@
 #error "the AMX product kernel needs AMX-BF16 and AVX512-BF16"
 #endif
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 #define ROWS 16    /* rows of a per tile */
 #define COLUMNS 16 /* output columns per block */
 #define STEP 32    /* inputs per step */
@@ -45,9 +41,6 @@ typedef struct {
     uint16_t bytes_per_row[16];
     uint8_t rows[16];
 } TileConfig;
-
-/* Ask Linux for AMX's tile state for this process: 0 when granted. */
-int rlvr_amx_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
 
 static void configure(void) {
     TileConfig config;

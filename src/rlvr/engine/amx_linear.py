@@ -35,6 +35,7 @@ SOURCE = "amx_linear.c"
 COLUMNS = 16  # output columns per block (blocks come in pairs)
 STEP = 32  # inputs per step
 NEEDS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f")
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86-64 Linux: ask for AMX's tile state
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +46,11 @@ def _compiler() -> str:
 
 @functools.cache
 def _granted() -> bool:
-    """Whether Linux grants this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 and later).
-    A CPU's flags may show AMX where the kernel or a sandbox does not allow it."""
+    """Whether Linux grants this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM; Linux 5.16 and later):
+    asked once, for the whole process, before the kernel's first use. A CPU's flags may show AMX where the kernel
+    or a sandbox does not allow it."""
     try:
-        return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl on x86-64
+        return ctypes.CDLL(None).syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
     except (OSError, AttributeError):
         return False
 
@@ -66,10 +68,9 @@ def buildable() -> bool:
 def bind():
     """The kernel's C function, built for this machine and typed, with AMX granted to this process; RuntimeError
     naming what failed."""
-    library = ctypes.CDLL(str(native.build(SOURCE, _compiler())))
-    if library.rlvr_amx_init() != 0:
+    if not _granted():
         raise RuntimeError("Linux refused this process AMX's tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")
-    function = library.rlvr_amx_linear
+    function = ctypes.CDLL(str(native.build(SOURCE, _compiler()))).rlvr_amx_linear
     function.restype = ctypes.c_int
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     function.argtypes = [pointer, i64, i32, i32, pointer, ctypes.c_float, i32, pointer, i64, pointer, i32, pointer,

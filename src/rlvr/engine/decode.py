@@ -156,9 +156,8 @@ _PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, int, list[torch.Te
 def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], rows: int) -> None:
     """Give ``projections`` their base weights fused and prepacked for this machine's fastest matmul (the AMX kernel
     where it runs, else chosen by timing at ``TIMING_ROWS`` rows on the first batch; about 0.5 s and one more copy
-    of the weights for SmolLM2).
-    oneDNN's and the AMX kernel's packs serve every batch; MKL's are for one row count and are rebuilt when a batch
-    of another size starts."""
+    of the weights for SmolLM2). oneDNN's and the AMX kernel's packs serve every batch; MKL's are for one row count
+    and are rebuilt when a batch of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)
     bf16 = model_kind(causal_lm) == "bf16"  # the trainer multiplies in bfloat16: so must the sampler
     if not bf16 and (not pack_kinds() or size > PACK_MAX_BYTES):

@@ -128,15 +128,15 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
 def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
     """The kernel that multiplies ``rows`` rows by ``weight`` fastest here among ``kinds`` (default: all this
     machine has), or "" when a plain ``F.linear`` is as fast; the AMX kernel wherever it runs and ``kinds`` has it,
-    without timing; ``RLVR_MATMUL`` overrides (a kind this machine has
-    but ``use`` does not take means a plain ``F.linear`` there). Timed on the first call for ``use``, then the same
-    answer for the rest of the process."""
-    available = [k for k in (pack_kinds() if kinds is None else kinds) if k in pack_kinds()
+    without timing; ``RLVR_MATMUL`` overrides (a kind this machine has but ``use`` does not take means a plain
+    ``F.linear`` there). Timed on the first call for ``use``, then the same answer for the rest of the process."""
+    machine = pack_kinds()
+    available = [k for k in (machine if kinds is None else kinds) if k in machine
                  and (k != "bf16x3" or amx_linear.kernel() is not None)]  # built and checked now, on first use
     forced = os.environ.get("RLVR_MATMUL", "")
     if forced:
-        if forced != "plain" and forced not in pack_kinds():
-            raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {pack_kinds()} (what this "
+        if forced != "plain" and forced not in machine:
+            raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {machine} (what this "
                                      "machine has), or unset it to choose by timing")
         if forced == "bf16x3" and "bf16x3" not in available and (kinds is None or "bf16x3" in kinds):
             raise ConfigurationError("RLVR_MATMUL=bf16x3, but the AMX kernel failed to build or to pass its check "
@@ -168,8 +168,8 @@ def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | N
 
 
 def chosen_kind(use: str) -> str | None:
-    """What ``fastest_kind`` chose by timing for ``use`` in this process ("" for a plain ``F.linear``), None before
-    it has or where ``RLVR_MATMUL`` chose."""
+    """What ``fastest_kind`` chose for ``use`` in this process ("" for a plain ``F.linear``), None before it has or
+    where ``RLVR_MATMUL`` chose."""
     return _CHOSEN.get(use)
 
 
