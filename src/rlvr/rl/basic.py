@@ -136,10 +136,10 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
             if datums:
                 fwd = training_client.forward_backward(datums, "importance_sampling")
                 opt = training_client.optim_step(adam)
-                out = fwd.result()
-                metrics.update(out.metrics)
+                result = fwd.result()
+                metrics.update(result.metrics)
                 metrics.update(opt.result().metrics)
-                trained = [o["logprobs"].tolist() for o in out.loss_fn_outputs]
+                trained = [o["logprobs"].tolist() for o in result.loss_fn_outputs]
                 sampled = [d.loss_fn_inputs["logprobs"].tolist() for d in datums]
                 metrics.update(sample_train_metrics(trained, sampled, masks))
             metrics["time/step_s"] = time.time() - start
