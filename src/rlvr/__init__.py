@@ -16,6 +16,7 @@ from rlvr.errors import (
     InvalidDatumError,
     ModelLoadError,
     RlvrError,
+    RunFileError,
     SamplingError,
     SandboxError,
     UnknownLossError,
@@ -24,11 +25,12 @@ from rlvr.errors import (
 if TYPE_CHECKING:
     from rlvr import types
     from rlvr.client import SamplingClient, ServiceClient, TrainingClient
-    from rlvr.rl.run import evaluate, sft, train
+    from rlvr.rl.run import evaluate, resume, sft, train
 
 # Imported on first use, so `import rlvr` (and the CLI's config checks) stay fast: torch loads with the clients.
 _LAZY = {"types": "rlvr.types", "SamplingClient": "rlvr.client", "ServiceClient": "rlvr.client",
-         "TrainingClient": "rlvr.client", "train": "rlvr.rl.run", "evaluate": "rlvr.rl.run", "sft": "rlvr.rl.run"}
+         "TrainingClient": "rlvr.client", "train": "rlvr.rl.run", "evaluate": "rlvr.rl.run", "resume": "rlvr.rl.run",
+         "sft": "rlvr.rl.run"}
 
 
 def __getattr__(name: str) -> object:
@@ -51,6 +53,7 @@ __all__ = [
     "InvalidDatumError",
     "ModelLoadError",
     "RlvrError",
+    "RunFileError",
     "SamplingClient",
     "SamplingError",
     "SandboxError",
@@ -59,6 +62,7 @@ __all__ = [
     "UnknownLossError",
     "__version__",
     "evaluate",
+    "resume",
     "sft",
     "train",
     "types",

@@ -85,12 +85,12 @@ def sft(
 ) -> None:
     """Supervised fine-tuning (cross_entropy) on a JSONL of prompt/completion pairs; prints the state path."""
     from rlvr.errors import ConfigurationError
-    from rlvr.rl.config import _merge, build_config, parse_overrides, read_config_file
+    from rlvr.rl.config import build_config, merge_layers, parse_overrides, read_config_file
     from rlvr.rl.sft import SftConfig
     from rlvr.rl.sft import sft as run
 
     try:
-        values = _merge(read_config_file(config) if config else {}, parse_overrides(overrides or []))
+        values = merge_layers(read_config_file(config) if config else {}, parse_overrides(overrides or []))
         resolved = build_config(values, SftConfig)
     except ConfigurationError as exc:
         raise _fail(exc) from None

@@ -10,6 +10,8 @@ subclasses the standard-library error it stands for, so ``except ValueError`` ke
     ├── ModelLoadError (RuntimeError)       a base model that cannot be found, fetched or converted
     ├── CheckpointError (RuntimeError)      a checkpoint that cannot be written or read
     │   └── CheckpointNotFoundError (FileNotFoundError)
+    ├── RunFileError (ValueError)           a run file rlvr wrote (metrics, rollouts, checkpoints.jsonl) that no
+    │                                       longer parses
     ├── SamplingError (RuntimeError)        a sampler that cannot serve a request (stale weights, bad prompt)
     ├── RewardError (RuntimeError)          a reward could not score a response (raised, non-finite, no sandbox)
     │   └── RewardTimeoutError (TimeoutError)
@@ -50,6 +52,10 @@ class CheckpointError(RlvrError, RuntimeError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """A checkpoint path that does not exist."""
+
+
+class RunFileError(RlvrError, ValueError):
+    """A run file rlvr wrote (JSON Lines of metrics, rollouts or checkpoints) that no longer parses."""
 
 
 class SamplingError(RlvrError, RuntimeError):

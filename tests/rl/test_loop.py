@@ -12,6 +12,7 @@ import torch
 from rlvr import types
 from rlvr.engine.packed import bfloat16_supported
 from rlvr.errors import ConfigurationError, SamplingError
+from rlvr.fileio import read_jsonl
 from rlvr.rl.checkpoints import last_checkpoint
 from rlvr.rl.config import DistributedConfig, recorded_precision
 from rlvr.rl.loop import LoopConfig, _check_vllm_arithmetic, check_sampler_fresh, train
@@ -47,7 +48,18 @@ def config(tmp_path, **overrides):
 
 
 def metrics_of(tmp_path):
-    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(tmp_path / "run" / "metrics.jsonl")
+
+
+LINE_BREAKERS = "\u2028\u2029\x85\x1c\x1d\x1e\x0b\x0c"  # str.splitlines() splits on each; JSONL must not
+
+
+class SayAWithLineBreaks(SayA):
+    """SayA whose questions hold every character str.splitlines() breaks on: they reach the rollout records (the
+    prompt text), as a model's answers with such characters do."""
+
+    def load(self, split):
+        return [Problem(id=f"say-a/{split}/{i}", question=f"Say a{LINE_BREAKERS}{i}.", answer="a") for i in range(16)]
 
 
 def test_reward_rises(tmp_path):
@@ -274,3 +286,79 @@ def test_off_policy_batches_sample_with_older_weights(tmp_path):
                                                                                  for m in stale]
     rewards = [m["env/all/reward/mean"] for m in stale]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.3, rewards
+
+
+def test_text_with_line_separators_does_not_end_a_run(tmp_path):
+    train(config(tmp_path, steps=2), SayAWithLineBreaks())
+    records = read_jsonl(tmp_path / "run" / "rollouts" / "step-000001.jsonl")
+    assert len(records) == 8 and all(LINE_BREAKERS in r["prompt"] for r in records)
+    assert [m["step"] for m in metrics_of(tmp_path)] == [0, 1]
+
+
+def test_failing_auxiliary_outputs_are_counted_and_training_goes_on(tmp_path, monkeypatch):
+    import rlvr.rl.loop as loop
+    from rlvr.rl.rollouts import RolloutLog
+
+    def broken(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(RolloutLog, "write", broken)
+    monkeypatch.setattr(loop, "plot_run", broken)
+    result = train(config(tmp_path, steps=2), SayA())
+    assert [m["aux/failures"] for m in metrics_of(tmp_path)] == [1, 2]  # the rollout page of each step
+    assert result["plot"] is None and result["after"]["test/reward/scored:sum"] == 4
+    assert last_checkpoint(tmp_path / "run")["step"] == 2
+
+
+def test_step_metrics_cover_every_minibatch(tmp_path):
+    # Streamed in two parts with one optim_step after both, a step trains on the same datums with the same weights
+    # as the synchronous step: its loss (a sum) and clip fraction (a token-weighted mean) must be the whole step's,
+    # not the last part's. With two substeps, the grad norm is reported per optimizer step as a mean and a max.
+    extra = {"loss_fn": "ppo", "problems_per_step": 4}  # two groups per part: both parts have datums
+    train(config(tmp_path / "sync", steps=2, out=str(tmp_path / "sync" / "run"), **extra), SayA())
+    train(config(tmp_path / "stream", steps=2, out=str(tmp_path / "stream" / "run"), stream_minibatches=2, **extra),
+          SayA())
+    sync, stream = metrics_of(tmp_path / "sync"), metrics_of(tmp_path / "stream")
+    for key in ("optim/loss:sum", "optim/clip_fraction:mean", "optim/kl_sample_train_v1", "train/datums"):
+        assert [m[key] for m in stream] == pytest.approx([m[key] for m in sync], rel=1e-4, abs=1e-6), key
+    train(config(tmp_path / "two", steps=2, out=str(tmp_path / "two" / "run"), num_substeps=2, **extra), SayA())
+    two = metrics_of(tmp_path / "two")
+    assert all(m["optim/steps"] == 2 and m["optim/grad_norm:max"] >= m["optim/grad_norm"] > 0 for m in two)
+
+
+def fails_on_problem_1(prompt, response, meta=None) -> float:
+    """fraction_lowercase, except that it raises on every answer to problem 1 and on answers of odd length."""
+    if prompt.endswith(" 1.") or len(response) % 2:
+        raise ValueError("cannot score this answer")
+    return fraction_lowercase(prompt, response)
+
+
+class SayAFailing(SayA):
+    def __init__(self) -> None:
+        ProblemSource.__init__(self, reward=fails_on_problem_1)
+
+
+def test_a_failed_reward_stays_visible_and_is_never_scored_zero(tmp_path):
+    from rlvr.rewards import RewardRunner
+    from rlvr.rl.loop import collect_problems, start_problems
+
+    source = SayAFailing()
+    result = train(config(tmp_path, steps=2), source)
+    metrics = metrics_of(tmp_path)
+    assert any(m["env/all/reward/errors:sum"] > 0 for m in metrics)
+    assert all((m["env/all/reward/errors:sum"] > 0) == (m["by_group/frac_failed"] > 0) for m in metrics), metrics
+    records = read_jsonl(tmp_path / "run" / "rollouts" / "step-000000.jsonl")
+    failed = [r for r in records if r["failure"]]
+    assert failed and all(r["reward"] is None and r["advantage"] is None for r in failed)
+    # The trajectories the loop trains from carry NaN for a failed reward, not 0.
+    client = result["training_client"]
+    sampler = client.save_weights_and_get_sampling_client()
+    problems = [p for p in source.problems("train") if p.id.endswith(("/1", "/2"))]
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    with RewardRunner(source.reward(), timeout=5.0) as runner:
+        rollout = collect_problems(start_problems(source, problems, sampler, params, 4, client.get_tokenizer()),
+                                   runner, client.get_tokenizer())
+    rewards = [t.reward for group in rollout.trajectories for t in group]
+    scores = [r for group in rollout.rewards for r in group]
+    assert any(s is None for s in scores)
+    assert all((r != r) if s is None else r == s for r, s in zip(rewards, scores, strict=True))

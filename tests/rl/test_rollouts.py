@@ -5,7 +5,6 @@ import re
 
 import pytest
 
-import rlvr.rl.rollouts as rollouts
 from rlvr.errors import ConfigurationError
 from rlvr.rl.rollouts import RolloutLog
 
@@ -29,6 +28,17 @@ def test_jsonl_round_trips(tmp_path):
     assert path == tmp_path / "rollouts" / "step-000001.jsonl"
     assert [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] == GROUP
     assert log.read(1) == GROUP and log.steps() == [1]
+
+
+def test_answers_with_any_line_breaking_character_read_back(tmp_path):
+    # U+2028/2029, U+0085, \x1c-\x1e, \x0b and \x0c are line boundaries for str.splitlines() (not for JSONL); a model
+    # wrote U+2028 in a GSM8K answer and the step's own file could not be read back.
+    nasty = ["\u2028", "\u2029", "\x85", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c", "\r", "\udcff", "\ufffd"]
+    records = [record(prompt=f"Q{c}?", response=f"The answer{c}is 4", parts={"correct": 1.0}) for c in nasty]
+    log = RolloutLog(tmp_path)
+    log.write(0, records)
+    assert log.read(0) == records
+    assert "The answer" in (tmp_path / "rollouts" / "index.html").read_text(encoding="utf-8")
 
 
 def test_text_is_escaped(tmp_path):
@@ -71,7 +81,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
     def crash(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(rollouts.os, "replace", crash)
+    monkeypatch.setattr("os.replace", crash)
     with pytest.raises(OSError, match="disk full"):
         log.write(0, GROUP)
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["index.html", "step-000000.jsonl"]

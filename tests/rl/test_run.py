@@ -8,6 +8,7 @@ import yaml
 
 import rlvr
 from rlvr.errors import ConfigurationError
+from rlvr.fileio import read_jsonl
 from rlvr.rl.config import resolve_config
 from rlvr.rl.evaluation import pass_at_k
 from rlvr.rl.run import build_source
@@ -76,3 +77,33 @@ def test_python_api_with_warm_up(tmp_path):
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["start_from_checkpoint"]                       # RL began from the warm-up's state
     assert result["summary"]["after"]["test/correct"] >= 0.0 and result["run_dir"] == str(run)
+
+
+def test_resume_is_exported_and_continues_a_run_as_documented(tmp_path):
+    """rl/run.py's docstring: ``rlvr.resume(run_dir, overrides=["steps=N"])`` trains a saved run further."""
+    from rich.console import Console
+
+    assert "resume" in rlvr.__all__
+    run = tmp_path / "arith"
+    settings = {"recipe": "arithmetic", "base_model": "tiny", "steps": 1, "problems_per_step": 2, "group_size": 2,
+                "max_tokens": 4, "eval_problems": 2, "out": str(run)}
+    rlvr.train(settings, console=Console(quiet=True))
+    result = rlvr.resume(run, overrides=["steps=2"], console=Console(quiet=True))
+    assert result["run_dir"] == str(run)
+    assert [row["step"] for row in read_jsonl(run / "metrics.jsonl")] == [0, 1]
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+
+
+def test_a_source_without_a_held_out_split_is_refused_by_name():
+    from rlvr.errors import ConfigurationError
+    from rlvr.tasks.base import Problem, ProblemSource
+
+    class TrainOnly(ProblemSource):
+        def splits(self):
+            return ("train",)
+
+        def load(self, split):
+            return [Problem(id="p", question="q", answer="a")]
+
+    with pytest.raises(ConfigurationError, match=r"TrainOnly has splits \['train'\]; evaluation needs a 'test'"):
+        TrainOnly(reward=lambda *a: 0.0).eval_split()

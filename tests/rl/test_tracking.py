@@ -169,3 +169,23 @@ def test_wandb_run_stays_offline_in_the_run_folder(tmp_path, offline):
         assert [(h["_step"], h[name]) for h in history if name in h] == finite_history(name)
     assert [r["exit"]["exit_code"] for r in records if r["type"] == "exit"] == [0]
     assert not any(offline.rglob("*")), "W&B wrote to the home folder"
+
+
+def test_a_failing_backend_is_counted_and_metrics_jsonl_still_written(tmp_path, monkeypatch):
+    class Broken:
+        def __init__(self, run_dir, config):
+            pass
+
+        def log(self, metrics, step):
+            raise OSError("tracking server unreachable")
+
+        def close(self):
+            raise OSError("tracking server unreachable")
+
+    monkeypatch.setitem(BACKENDS, "broken", Broken)
+    with open_trackers(["broken"], tmp_path) as tracker:
+        for step, row in enumerate(ROWS):
+            tracker.log(row, step)
+    assert tracker.auxiliary.failures == {"tracker Broken": len(ROWS) + 1}  # every log and the close
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().split("\n") if line]
+    assert [r["step"] for r in rows] == [0, 1, 2]

@@ -3,36 +3,29 @@
 Each checkpoint is a ``save_state`` (weights, AdamW, RNG; written atomically by the engine) plus one JSON line in the
 run folder's ``checkpoints.jsonl``: the step to continue from, the state path, the loop's RNG. The line is written
 only after the state is complete, with flush and fsync, so a process killed mid-checkpoint leaves at worst a torn
-last line, which ``last_checkpoint`` skips: the run resumes from the previous checkpoint.
+last line, which ``last_checkpoint`` skips (the run resumes from the previous checkpoint) and the next
+``record_checkpoint`` cuts off before it appends (so the new entry starts a line of its own).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
+
+from rlvr.fileio import append_jsonl, read_jsonl
 
 FILENAME = "checkpoints.jsonl"
 
 
 def record_checkpoint(run_dir: Path, entry: dict[str, Any]) -> None:
-    """Append ``entry`` to ``checkpoints.jsonl`` durably."""
-    with open(run_dir / FILENAME, "a") as handle:
-        handle.write(json.dumps(entry) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    """Append ``entry`` to ``checkpoints.jsonl`` durably (a torn last line from a killed write is cut off first)."""
+    append_jsonl(Path(run_dir) / FILENAME, entry, durable=True)
 
 
 def last_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     """The newest complete entry of ``checkpoints.jsonl``, or None when there is none."""
-    path = run_dir / FILENAME
+    path = Path(run_dir) / FILENAME
     if not path.exists():
         return None
-    last = None
-    for line in path.read_text().splitlines():
-        try:
-            last = json.loads(line)
-        except json.JSONDecodeError:  # a torn line from a killed write: the previous entry stands
-            continue
-    return last
+    entries = read_jsonl(path, bad_lines="skip")
+    return entries[-1] if entries else None

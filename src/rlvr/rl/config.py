@@ -27,6 +27,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from rlvr.errors import ConfigurationError
+from rlvr.fileio import write_atomic
 
 PRECISIONS = ("float32", "bfloat16")  # those of ``rlvr.engine.packed`` (not imported: this module stays torch-free)
 
@@ -287,7 +288,7 @@ def resolve_config(recipe: str | None = None, config_file: str | Path | None = N
         raise ConfigurationError(f"recipe={name!r}: choose one of {sorted(RECIPES)}{_nearest(name, RECIPES)}")
     merged: dict[str, Any] = {"recipe": name}
     for layer in [RECIPES[name], *layers]:
-        merged = _merge(merged, layer)
+        merged = merge_layers(merged, layer)
     return build_config(merged)
 
 
@@ -376,9 +377,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def save_config(config: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically: temp file + rename)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
 
 
 def recorded_precision(run_dir: str | Path) -> str | None:
@@ -424,12 +423,12 @@ def _type_name(kind: Any) -> str:
     return getattr(kind, "__name__", str(kind)) if get_origin(kind) is None else str(kind).replace("typing.", "")
 
 
-def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+def merge_layers(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
     """``layer`` over ``base``; nested dicts merge key by key (so ``task.few_shot=1`` keeps the recipe's task)."""
     out = copy.deepcopy(base)
     for key, value in layer.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_layers(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out

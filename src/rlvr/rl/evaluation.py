@@ -12,13 +12,13 @@ What it is not: the loop's in-training evaluation (``rlvr.rl.loop.evaluate``, gr
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
+from rlvr.fileio import jsonl_line, write_atomic
 from rlvr.rl.config import as_config
 
 
@@ -55,7 +55,6 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     from rlvr import types
     from rlvr.engine import Engine
     from rlvr.rewards import RewardItem, RewardRunner
-    from rlvr.rl.loop import _test_split
     from rlvr.rl.run import build_source
 
     if num_samples < 1:
@@ -73,7 +72,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         training_client = service.create_training_client_from_state(resolve_checkpoint(checkpoint))
         sampler = training_client.save_weights_and_get_sampling_client()
         tokenizer = training_client.get_tokenizer()
-    chosen = source.problems(_test_split(source), limit=problems or config.eval_problems)
+    chosen = source.problems(source.eval_split(), limit=problems or config.eval_problems)
     params = types.SamplingParams(max_tokens=config.max_tokens, seed=config.seed,
                                   temperature=0.0 if num_samples == 1 else config.temperature)
     futures = [sampler.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), num_samples, params)
@@ -100,8 +99,6 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-        tmp.replace(out)
+        write_atomic(out, b"".join(jsonl_line(r) for r in records))
         result["records"] = str(out)
     return result

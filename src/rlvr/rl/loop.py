@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,10 +39,12 @@ from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rewards.runner import BatchScores
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
+from rlvr.rl.auxiliary import AuxiliaryOutputs
 from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
 from rlvr.rl.config import DistributedConfig, LoopConfig, recorded_precision, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, rollout_groups, trajectory_datums
+from rlvr.rl.metrics import reduce_metrics
 from rlvr.rl.plot import plot_run
 from rlvr.rl.rollouts import RolloutLog
 from rlvr.rl.tracking import open_trackers
@@ -100,6 +103,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
     precision = _precision(config, run_dir)
     service, runner = _backend(config, source, precision)
     rollout_log = RolloutLog(run_dir) if config.rollouts else None
+    auxiliary = AuxiliaryOutputs()  # rollout pages, curves, tracker backends: their failures are counted, not raised
 
     # Setup: a fresh client, or the last checkpoint's state and loop RNG.
     start_step, rng = 0, random.Random(config.seed)
@@ -127,7 +131,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
         test_groups = list(source.test_groups())
     else:
         train_problems = source.problems("train", shuffle=True, seed=config.seed)
-        test_problems = source.problems(_test_split(source), limit=config.eval_problems)
+        test_problems = source.problems(source.eval_split(), limit=config.eval_problems)
         for stage in config.curriculum:  # an empty stage is a config error now, not at its step
             curriculum_problems(train_problems, config.curriculum, stage)
         probe = source.render_ids(train_problems[0], tokenizer)[:16]
@@ -142,8 +146,8 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
         return evaluate(sampler, tokenizer, source, test_problems, runner, config.max_tokens)
 
     env_threads = ThreadPoolExecutor(1, thread_name_prefix="rlvr-env-rollouts")  # env rollouts in step order
-    with runner or contextlib.nullcontext(), open_trackers(config.trackers, run_dir, asdict(config)) as tracker, \
-            env_threads:
+    trackers = open_trackers(config.trackers, run_dir, asdict(config), auxiliary)
+    with runner or contextlib.nullcontext(), trackers as tracker, env_threads:
         if start_step == 0 and (before := held_out(training_client.save_weights_and_get_sampling_client())):
             results["before"] = before
         in_flight: collections.deque[_InFlight] = collections.deque()  # rollouts started, oldest first
@@ -172,7 +176,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
                     problems = [pool[(first + i) % len(pool)] for i in range(config.problems_per_step)]
                     parts = config.stream_minibatches or 1
                     in_flight.append(_InFlight(ahead, step, [
-                        _start_problems(source, problems[i * len(problems) // parts:(i + 1) * len(problems) // parts],
+                        start_problems(source, problems[i * len(problems) // parts:(i + 1) * len(problems) // parts],
                                         sampler, params, config.group_size, tokenizer) for i in range(parts)],
                         max(p.difficulty for p in pool) if config.curriculum else None))
             batch = in_flight.popleft()
@@ -184,16 +188,18 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
             # scored, while later parts still sample. Groups with equal (or failed) rewards carry no signal.
             t_sample, t_reward = time.time() - t_start, 0.0
             rollouts, rewards_by_group, records, sent, optims, unapplied = [], [], [], [], [], False
+            failed_groups = 0
             for pending, optim_after in _minibatches(batch.parts, config.num_substeps):
                 t0 = time.time()
-                rollout = pending.result() if envs else _collect_problems(pending, runner, tokenizer)
+                rollout = pending.result() if envs else collect_problems(pending, runner, tokenizer)
                 t_sample += max(0.0, time.time() - t0 - rollout.reward_s)  # (an env thread may have finished early)
                 t_reward += rollout.reward_s
                 rollouts.append(rollout)
                 datums, masks, advantages = [], [], []
                 for trajectories, rewards_G in zip(rollout.trajectories, rollout.rewards, strict=True):
-                    if any(r is None for r in rewards_G):
+                    if any(r is None or math.isnan(r) for r in rewards_G):  # a failed reward: no signal to trust
                         advantages += [None] * len(rewards_G)
+                        failed_groups += 1
                         continue
                     rewards_by_group.append(rewards_G)
                     advantages_G = group_advantages(rewards_G, config.normalize_advantages)
@@ -218,31 +224,39 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
                     if chunk:
                         sent.append((training_client.forward_backward(chunk, config.loss_fn,
                                                                       config.loss_fn_config or None),
-                                     chunk, chunk_masks))
+                                     chunk, chunk_masks, not optims))
                         unapplied = True
                     if optim_now and unapplied:
                         optims.append(training_client.optim_step(adam))
                         unapplied = False
             t_train = time.time()
-            for i, (fwd, chunk, chunk_masks) in enumerate(sent):
+            outputs, fresh = [], ([], [], [])  # the sampler/trainer comparison: minibatches sent before any update
+            for fwd, chunk, chunk_masks, before_update in sent:
                 out = fwd.result()
-                metrics.update({f"optim/{key}": v for key, v in out.metrics.items()})
-                if i == 0:  # sent before this step's first update: the sampler/trainer comparison
-                    metrics.update(sample_train_metrics([o["logprobs"].tolist() for o in out.loss_fn_outputs],
-                                                        [d.loss_fn_inputs["logprobs"].tolist() for d in chunk],
-                                                        chunk_masks))
+                outputs.append((out.metrics, sum(sum(m) for m in chunk_masks)))
+                if before_update:
+                    fresh[0].extend(o["logprobs"].tolist() for o in out.loss_fn_outputs)
+                    fresh[1].extend(d.loss_fn_inputs["logprobs"].tolist() for d in chunk)
+                    fresh[2].extend(chunk_masks)
+            if outputs:  # the step's loss metrics over all its minibatches, not the last one's
+                metrics.update({f"optim/{key}": v for key, v in reduce_metrics(outputs).items()})
+            if fresh[0]:
+                metrics.update(sample_train_metrics(*fresh))
             metrics["optim/steps"] = len(optims)
-            for opt in optims:
-                optim = opt.result().metrics
-                metrics["optim/grad_norm"] = optim["grad_norm:mean"]
-                metrics["optim/lr"] = optim["learning_rate:mean"]
+            if optims:
+                optim_metrics = [opt.result().metrics for opt in optims]
+                grad_norms = [m["grad_norm:mean"] for m in optim_metrics]
+                metrics["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)  # per optimizer step: mean and max
+                metrics["optim/grad_norm:max"] = max(grad_norms)
+                metrics["optim/lr"] = optim_metrics[-1]["learning_rate:mean"]
             metrics.update(_rollout_metrics(rollouts))
             metrics.update(group_outcomes(rewards_by_group))
+            metrics["by_group/frac_failed"] = failed_groups / max(failed_groups + len(rewards_by_group), 1)
             metrics["time/sample"] = t_sample
             metrics["time/reward"] = t_reward
             if rollout_log is not None:  # every answer with its reward and advantage, as JSONL and an HTML page
-                rollout_log.write(step, records)
-            datum_count = sum(len(chunk) for _, chunk, _ in sent)
+                auxiliary.run("rollout log", rollout_log.write, step, records)
+            datum_count = sum(len(chunk) for _, chunk, _, _ in sent)
             metrics["train/datums"] = datum_count
             metrics["time/train"] = time.time() - t_train  # what training took beyond the rollouts' time
 
@@ -253,6 +267,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
             metrics["tokens_per_s"] = sum(r.sampled_tokens for r in rollouts) / metrics["time/total"]
             if hasattr(service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
                 metrics.update(service.distributed_metrics())
+            metrics["aux/failures"] = auxiliary.total
             tracker.log(metrics, step)
             if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
                 path = training_client.save_state(f"step-{step + 1:06d}").result().path
@@ -263,7 +278,7 @@ def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Any =
         if after := held_out(training_client.save_weights_and_get_sampling_client()):
             results["after"] = after
     lines = {f"{when} accuracy": results[when]["test/correct"] for when in ("before", "after") if when in results}
-    results["plot"] = plot_run(run_dir, extra=lines)
+    results["plot"] = auxiliary.run("curves", plot_run, run_dir, extra=lines)
     results["training_client"] = training_client
     return results
 
@@ -308,7 +323,7 @@ class _PendingProblems:
     futures: list[Any]
 
 
-def _start_problems(source: ProblemSource, problems: list[Problem], sampler: Any, params: types.SamplingParams,
+def start_problems(source: ProblemSource, problems: list[Problem], sampler: Any, params: types.SamplingParams,
                     group_size: int, tokenizer: Any) -> _PendingProblems:
     """Send ``group_size`` sampling requests per problem without waiting for them."""
     prompts = [source.render_ids(p, tokenizer) for p in problems]
@@ -316,7 +331,7 @@ def _start_problems(source: ProblemSource, problems: list[Problem], sampler: Any
     return _PendingProblems(problems, prompts, futures)
 
 
-def _collect_problems(pending: _PendingProblems, runner: RewardRunner, tokenizer: Any) -> _Rollout:
+def collect_problems(pending: _PendingProblems, runner: RewardRunner, tokenizer: Any) -> _Rollout:
     """Wait for the answers and score them in killable workers (a failure is counted, never scored 0)."""
     groups = [f.result().sequences for f in pending.futures]
     t_reward = time.time()
@@ -324,7 +339,8 @@ def _collect_problems(pending: _PendingProblems, runner: RewardRunner, tokenizer
              for p, seqs in zip(pending.problems, groups, strict=True) for s in seqs]
     scores = runner.score(items)
     G = len(groups[0])
-    trajectories = [[Trajectory([Transition(prompt, list(s.tokens), list(s.logprobs), scores.scores[g * G + i] or 0.0)])
+    trajectories = [[Trajectory([Transition(prompt, list(s.tokens), list(s.logprobs),
+                                            _reward(scores.scores[g * G + i]))])
                      for i, s in enumerate(seqs)]
                     for g, (prompt, seqs) in enumerate(zip(pending.prompts, groups, strict=True))]
     failures: dict[int, list[str]] = {}
@@ -338,6 +354,12 @@ def _collect_problems(pending: _PendingProblems, runner: RewardRunner, tokenizer
     rewards = [scores.scores[g * G:(g + 1) * G] for g in range(len(groups))]
     sampled = sum(len(s.tokens) for seqs in groups for s in seqs)
     return _Rollout(trajectories, rewards, records, sampled, time.time() - t_reward, scores)
+
+
+def _reward(score: float | None) -> float:
+    """A trajectory's reward: the score, or NaN where scoring failed (never a silent 0; such groups are not trained
+    on, and the failure is counted in ``env/all/reward/errors:sum`` and ``by_group/frac_failed``)."""
+    return math.nan if score is None else score
 
 
 def _rollout_metrics(rollouts: list[_Rollout]) -> dict[str, float]:
@@ -466,14 +488,6 @@ def _check_vllm_arithmetic(config: LoopConfig, precision: str) -> None:
         "probe would report every weight publication stale. Use precision=float32 with vLLM in float32 (its "
         "default), or raise sampler_tolerance above the gap (about 0.15 for a bfloat16 trainer beside float32 vLLM "
         "on smollm2), accepting that the probe then only catches larger staleness")
-
-
-def _test_split(source: ProblemSource) -> str:
-    splits = source.splits()
-    for name in ("test", "validation", "val"):
-        if name in splits:
-            return name
-    raise ConfigurationError(f"{type(source).__name__} has splits {list(splits)}; evaluation needs a 'test' split")
 
 
 def _rng_state(saved: list) -> tuple:

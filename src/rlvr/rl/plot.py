@@ -5,11 +5,11 @@ Not here: live dashboards (MLflow / W&B logging belongs to the CLI issue).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from rlvr.errors import ConfigurationError
+from rlvr.fileio import read_jsonl
 
 REWARD_KEYS = ("env/all/reward/mean", "reward/mean")  # full loop, basic loop
 ACCURACY_KEYS = ("test/correct",)
@@ -19,7 +19,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise ConfigurationError(f"{path} does not exist; plot a run folder written by rlvr train")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path)
     if not rows:
         raise ConfigurationError(f"{path} is empty: the run logged no step yet")
     return rows

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import html
 import itertools
-import json
 import math
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, TypedDict
 
 from rlvr.errors import ConfigurationError
+from rlvr.fileio import jsonl_line, read_jsonl, write_atomic
 
 
 class RolloutRecord(TypedDict):
@@ -75,9 +73,8 @@ class RolloutLog:
             if missing:
                 raise ConfigurationError(f"rollout record {i} of step {step} lacks {missing}; a record has {FIELDS}")
         self.folder.mkdir(parents=True, exist_ok=True)
-        lines = "".join(json.dumps({f: record[f] for f in FIELDS}, ensure_ascii=False) + "\n" for record in records)
-        _write_atomic(self.path(step), lines)
-        _write_atomic(self.folder / "index.html", self.render())
+        write_atomic(self.path(step), b"".join(jsonl_line({f: record[f] for f in FIELDS}) for record in records))
+        write_atomic(self.folder / "index.html", self.render(), errors="replace")
         return self.path(step)
 
     def steps(self) -> list[int]:
@@ -89,8 +86,7 @@ class RolloutLog:
 
     def read(self, step: int) -> list[dict[str, Any]]:
         """``step``'s records as written."""
-        text = self.path(step).read_text(encoding="utf-8")
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return read_jsonl(self.path(step))
 
     def render(self) -> str:
         """The HTML page of the last ``keep_html`` steps, newest first."""
@@ -174,18 +170,3 @@ def _cells(record: dict[str, Any]) -> str:
     return (f'<td class="text">{_clip(record["response"])}</td>'
             f'<td class="num score">{_number(record["reward"])}{note}</td>'
             f'<td class="num">{_number(record["advantage"], signed=True)}</td>')
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, sync it, and rename it over ``path``."""
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)  # mkstemp makes 0600; these files are for reading
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigurationError
+from rlvr.fileio import append_jsonl, write_atomic
 from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config
 from rlvr.rl.evaluation import evaluate
 from rlvr.rl.sft import sft
@@ -82,7 +83,7 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
           console: Any = None) -> dict[str, Any]:
     """Run RL as ``rlvr train``: returns ``{"before", "after", "summary", "run_dir", ...}``."""
     config = as_config(config, overrides)
-    if not config.out or config.out == "runs/loop":
+    if not config.out or config.out == TrainConfig.out:  # the default folder: one per run, named by recipe and time
         config = dataclasses.replace(config, out=f"runs/{config.recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
     source = build_source(config)
     run_dir = Path(config.out)
@@ -162,16 +163,15 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> st
     tokenizer = training_client.get_tokenizer()
     problems = source.problems("train")
     examples = [encode_pair(tokenizer, source.render_ids(p, tokenizer), source.demonstration(p)) for p in problems]
-    log = open(run_dir / "warmup.jsonl", "w")  # closed below
+    (run_dir / "warmup.jsonl").unlink(missing_ok=True)  # a warm-up starts the run: no earlier rows
     with console.status("supervised warm-up") as status:
         def on_step(step: int, metrics: dict[str, float]) -> None:
-            log.write(json.dumps({"step": step, **metrics}) + "\n")
+            append_jsonl(run_dir / "warmup.jsonl", {"step": step, **metrics})
             status.update(f"supervised warm-up: step {step + 1}/{config.warmup.steps}, "
                           f"loss/token {metrics['train/loss_per_token']:.3f}")
 
         losses = supervised_steps(training_client, examples, config.warmup.steps, config.warmup.batch_size,
                                   config.warmup.learning_rate, seed=config.seed, on_step=on_step)
-    log.close()
     console.print(f"warm-up: {config.warmup.steps} supervised steps, loss/token {losses[0]:.3f} -> {losses[-1]:.3f}")
     return training_client.save_state("warmup").result().path
 
@@ -179,17 +179,13 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> st
 def _summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     summary = {"baseline": result.get("before") or previous.get("baseline", {}), "after": result["after"]}
-    tmp = run_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(run_dir / "summary.json")
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
 def _status(run_dir: Path, status: str, **extra: Any) -> None:
     record = {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
-    tmp = run_dir / ".status.json.tmp"
-    tmp.write_text(json.dumps(record))
-    tmp.replace(run_dir / "status.json")
+    write_atomic(run_dir / "status.json", json.dumps(record))
 
 
 def _fmt(value: float | None, sign: bool = False) -> str:

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr.fileio import read_jsonl
+
 
 @dataclass
 class RunInfo:
@@ -45,11 +47,7 @@ def describe_run(path: Path) -> RunInfo:
         status = "died"
     rewards, steps_done = [], 0
     if (path / "metrics.jsonl").exists():
-        for line in (path / "metrics.jsonl").read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for row in read_jsonl(path / "metrics.jsonl", bad_lines="skip"):
             steps_done = max(steps_done, int(row.get("step", -1)) + 1)
             value = row.get("env/all/reward/mean")
             if isinstance(value, (int, float)) and math.isfinite(value):

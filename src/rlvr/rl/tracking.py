@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlvr.errors import ConfigurationError
+from rlvr.fileio import jsonl_line, open_jsonl
+from rlvr.rl.auxiliary import AuxiliaryOutputs
 
 logger = logging.getLogger("rlvr.tracking")
 
@@ -52,13 +54,14 @@ class Tracker(Protocol):
 
 
 class JsonlTracker:
-    """``metrics.jsonl`` in the run folder: one JSON object per step, appended (a resumed run continues it)."""
+    """``metrics.jsonl`` in the run folder: one JSON object per step, appended (a resumed run continues it; a torn
+    last line left by a killed process is cut off first)."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.file = open(Path(run_dir) / "metrics.jsonl", "a")  # closed by close()
+        self.file = open_jsonl(Path(run_dir) / "metrics.jsonl")  # closed by close()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.write(jsonl_line({"step": step, **metrics}))
         self.file.flush()
 
     def close(self) -> None:
@@ -199,19 +202,28 @@ BACKENDS: dict[str, Any] = {"mlflow": MlflowTracker, "tensorboard": TensorBoardT
 
 
 class Trackers:
-    """All of a run's trackers as one: logs to each, closes each."""
+    """All of a run's trackers as one: logs to each, closes each.
 
-    def __init__(self, trackers: list[Tracker]) -> None:
+    The first is ``metrics.jsonl``, the run's own record: its failures raise. The others are auxiliary outputs: a
+    backend that fails is logged and counted in ``auxiliary`` and training goes on."""
+
+    def __init__(self, trackers: list[Tracker], auxiliary: AuxiliaryOutputs | None = None) -> None:
         self.trackers = trackers
+        self.auxiliary = auxiliary or AuxiliaryOutputs()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        primary, *backends = self.trackers
+        primary.log(metrics, step)
         finite = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
-        for tracker in self.trackers:
-            tracker.log(finite if tracker is not self.trackers[0] else metrics, step)
+        for tracker in backends:
+            self.auxiliary.run(f"tracker {type(tracker).__name__}", tracker.log, finite, step)
 
     def close(self) -> None:
-        for tracker in self.trackers:
-            tracker.close()
+        primary, *backends = self.trackers or [None]
+        for tracker in backends:
+            self.auxiliary.run(f"tracker {type(tracker).__name__}", tracker.close)
+        if primary is not None:
+            primary.close()
 
     def __enter__(self) -> Trackers:
         return self
@@ -220,8 +232,10 @@ class Trackers:
         self.close()
 
 
-def open_trackers(names: list[str], run_dir: str | Path, config: dict[str, Any] | None = None) -> Trackers:
-    """metrics.jsonl plus the named optional backends, opened now so a missing package fails before training."""
+def open_trackers(names: list[str], run_dir: str | Path, config: dict[str, Any] | None = None,
+                  auxiliary: AuxiliaryOutputs | None = None) -> Trackers:
+    """metrics.jsonl plus the named optional backends, opened now so a missing package fails before training; the
+    backends' later failures are counted in ``auxiliary``."""
     unknown = [n for n in names if n not in BACKENDS]
     if unknown:
         raise ConfigurationError(f"trackers={names}: unknown {unknown}; choose from {sorted(BACKENDS)}")
@@ -233,4 +247,4 @@ def open_trackers(names: list[str], run_dir: str | Path, config: dict[str, Any] 
     except BaseException:  # close what did open (the JSONL file, an MLflow run) before the error reaches the user
         Trackers(trackers).close()
         raise
-    return Trackers(trackers)
+    return Trackers(trackers, auxiliary)

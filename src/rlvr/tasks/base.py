@@ -117,6 +117,15 @@ class ProblemSource(ABC):
     def load(self, split: str) -> list[Problem]:
         """All problems of ``split`` in the source's canonical order (called once per split, then cached)."""
 
+    def eval_split(self) -> str:
+        """The held-out split evaluation scores: ``test``, else ``validation``, else ``val``."""
+        splits = self.splits()
+        for name in ("test", "validation", "val"):
+            if name in splits:
+                return name
+        raise ConfigurationError(f"{type(self).__name__} has splits {list(splits)}; evaluation needs a 'test' (or "
+                                 "'validation') split")
+
     def problems(self, split: str = "train", *, shuffle: bool = False, seed: int | None = None,
                  limit: int | None = None, min_difficulty: float | None = None,
                  max_difficulty: float | None = None) -> list[Problem]:

@@ -1,0 +1,150 @@
+"""The files rlvr writes and reads back: atomic writes of a file or a folder, and JSON Lines.
+
+- :func:`write_atomic` writes a file to a temporary file beside it, syncs it and renames it into place, so a reader
+  or a crash sees the old file or the new one, never half of one.
+- :func:`atomic_folder` does the same for a folder: the caller fills a temporary folder, which replaces the target
+  when the block ends without an error (an existing target is moved aside first, so one whole version exists at
+  every moment) and is removed when it raises.
+- :func:`append_jsonl` and :func:`read_jsonl` are JSON Lines as rlvr writes them (metrics, rollouts, checkpoints,
+  evaluation records): records are split on ``"\\n"`` alone. ``str.splitlines`` would also split on U+2028, U+2029,
+  U+0085, ``\\x0b``, ``\\x0c`` and ``\\x1c``-``\\x1e``, which ``json.dumps(..., ensure_ascii=False)`` writes raw and
+  model answers contain. A process killed mid-append leaves a last line without its newline: :func:`append_jsonl`
+  cuts that torn fragment off before it appends (so the new record starts a line of its own), and
+  :func:`read_jsonl` skips it.
+
+Lone surrogates (text decoded with ``surrogateescape``) cannot be encoded as UTF-8; :func:`jsonl_line` writes them as
+JSON ``\\uXXXX`` escapes, which read back as the same string.
+
+Not here: data files a user gives (``tasks.files`` reads those), what a checkpoint holds (``engine.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from rlvr.errors import RunFileError
+
+__all__ = ["append_jsonl", "atomic_folder", "jsonl_line", "open_jsonl", "read_jsonl", "write_atomic"]
+
+
+def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o644, errors: str = "strict") -> Path:
+    """Write ``data`` to ``path`` through a synced temporary file renamed over it; returns ``path``. Text is
+    encoded as UTF-8 with ``errors`` (``"replace"`` for pages a person reads, where a lone surrogate may appear)."""
+    path = Path(path)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8", errors) if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)  # mkstemp makes 0600; run files are for reading
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path, exist_ok: bool = True) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path`` to fill; on success it becomes ``path``.
+
+    An existing ``path`` is replaced (moved aside, then deleted) when ``exist_ok``; otherwise a folder that appeared
+    meanwhile (another process wrote the same thing first) is kept and the new one discarded.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    try:
+        yield temp
+        for file in temp.rglob("*"):
+            if file.is_file():
+                with open(file, "rb") as handle:
+                    os.fsync(handle.fileno())
+        if path.exists() and exist_ok:
+            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(path, old)
+            os.replace(temp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        elif not path.exists():
+            os.replace(temp, path)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)  # gone already when it was renamed
+
+
+def jsonl_line(record: Any) -> bytes:
+    """``record`` as one JSON Lines line (UTF-8, ending in ``\\n``); any character may appear in its strings."""
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+
+
+def open_jsonl(path: str | Path) -> BinaryIO:
+    """``path`` opened to append JSON Lines (created if missing), a torn last line cut off; the caller closes it."""
+    handle = open(path, "a+b")  # returned open: the caller closes it
+    try:
+        _cut_torn_line(handle)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def append_jsonl(path: str | Path, record: Any, durable: bool = False) -> None:
+    """Append ``record`` as one line of ``path`` (created if missing), first cutting off a torn last line.
+
+    ``durable`` syncs the file before returning (for records a resume depends on)."""
+    with open_jsonl(path) as handle:
+        handle.write(jsonl_line(record))
+        handle.flush()
+        if durable:
+            os.fsync(handle.fileno())
+
+
+def read_jsonl(path: str | Path, bad_lines: str = "raise") -> list[Any]:
+    """The records of a JSON Lines file rlvr wrote, split on ``"\\n"`` alone; a torn last line (no newline, not
+    valid JSON) is skipped. ``bad_lines="skip"`` also skips complete lines that are not JSON (``"raise"``: an error
+    naming the file and line)."""
+    if bad_lines not in ("raise", "skip"):
+        raise ValueError(f"bad_lines={bad_lines!r}; use 'raise' or 'skip'")
+    text = Path(path).read_bytes().decode("utf-8", "replace")
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines) or bad_lines == "skip":  # the last line has no newline: a torn write
+                continue
+            raise RunFileError(f"{path}, line {number}: not a JSON record ({error}); the file was changed by "
+                                   "something other than rlvr, or written by another program") from None
+    return records
+
+
+def _cut_torn_line(handle: Any) -> None:
+    """Truncate an ``a+b`` file that does not end in a newline back to its last newline."""
+    end = handle.seek(0, os.SEEK_END)
+    if end == 0:
+        return
+    handle.seek(end - 1)
+    if handle.read(1) == b"\n":
+        return
+    position = end
+    while position > 0:  # read back in blocks to the previous newline
+        start = max(0, position - 65536)
+        handle.seek(start)
+        block = handle.read(position - start)
+        newline = block.rfind(b"\n")
+        if newline >= 0:
+            handle.truncate(start + newline + 1)
+            return
+        position = start
+    handle.truncate(0)

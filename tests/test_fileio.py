@@ -1,0 +1,85 @@
+"""rlvr.fileio: JSON Lines that any character a model writes survives, torn lines repaired, atomic files and folders."""
+
+import json
+
+import pytest
+
+from rlvr.errors import RunFileError
+from rlvr.fileio import append_jsonl, atomic_folder, jsonl_line, read_jsonl, write_atomic
+
+# Every character str.splitlines() splits on besides "\n", the carriage return, a lone surrogate (text decoded with
+# surrogateescape), a replacement character (a broken UTF-8 tail decoded with errors="replace") and a NUL.
+NASTY = ["\u2028", "\u2029", "\x85", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c", "\r", "\r\n", "\udcff", "\ufffd", "\x00"]
+
+
+def test_every_line_breaking_character_round_trips(tmp_path):
+    records = [{"response": f"before{c}after", c: c} for c in NASTY]
+    path = tmp_path / "a.jsonl"
+    for record in records:
+        append_jsonl(path, record)
+    assert read_jsonl(path) == records
+    write_atomic(tmp_path / "b.jsonl", b"".join(jsonl_line(r) for r in records))
+    assert read_jsonl(tmp_path / "b.jsonl") == records
+    assert path.read_bytes().count(b"\n") == len(records)  # one line per record, whatever the text holds
+
+
+def test_append_cuts_off_a_torn_last_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    append_jsonl(path, {"step": 0})
+    with open(path, "a") as handle:
+        handle.write('{"step": 1, "loss')  # a process killed mid-write
+    assert read_jsonl(path) == [{"step": 0}]  # the torn line is skipped on reading
+    append_jsonl(path, {"step": 1})
+    assert read_jsonl(path) == [{"step": 0}, {"step": 1}]
+    assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+
+
+def test_a_torn_line_longer_than_a_read_block_is_cut_off(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"a": 1}\n' + '{"b": "' + "x" * 200_000)
+    append_jsonl(path, {"c": 2})
+    assert read_jsonl(path) == [{"a": 1}, {"c": 2}]
+    only_torn = tmp_path / "t.jsonl"
+    only_torn.write_text('{"b": "' + "x" * 100_000)
+    append_jsonl(only_torn, {"c": 2})
+    assert only_torn.read_text() == '{"c": 2}\n'
+
+
+def test_a_bad_complete_line_is_named_unless_skipped(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"a": 1}\nnot json\n{"b": 2}\n')
+    with pytest.raises(RunFileError, match=r"m\.jsonl, line 2"):
+        read_jsonl(path)
+    assert read_jsonl(path, bad_lines="skip") == [{"a": 1}, {"b": 2}]
+
+
+def test_write_atomic_replaces_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = write_atomic(tmp_path / "s.json", json.dumps({"v": 1}))
+    assert json.loads(path.read_text()) == {"v": 1} and path.stat().st_mode & 0o777 == 0o644
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, json.dumps({"v": 2}))
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # no temporary file left behind
+
+
+def test_atomic_folder_replaces_an_old_folder_and_keeps_it_on_failure(tmp_path):
+    target = tmp_path / "ckpt"
+    with atomic_folder(target) as folder:
+        (folder / "w.txt").write_text("one")
+    with pytest.raises(RuntimeError):
+        with atomic_folder(target) as folder:
+            (folder / "w.txt").write_text("half")
+            raise RuntimeError("killed")
+    assert (target / "w.txt").read_text() == "one"
+    with atomic_folder(target) as folder:
+        (folder / "w.txt").write_text("two")
+    assert (target / "w.txt").read_text() == "two"
+    with atomic_folder(target, exist_ok=False) as folder:  # another process wrote it first: theirs stays
+        (folder / "w.txt").write_text("three")
+    assert (target / "w.txt").read_text() == "two"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
