@@ -35,7 +35,6 @@ _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_ACT_KILL_PROCESS = 0x80000000
 _SCMP_FLTATR_ACT_BADARCH = 2
 _CMP_NE = 1
-_CMP_EQ = 4
 _CMP_MASKED_EQ = 7
 _CLONE_THREAD = 0x00010000
 _AF_UNIX = 1
@@ -99,9 +98,6 @@ _RULES: list[tuple[str, int, list[tuple[int, int, object]]]] = [
         )
     ],
 ]
-
-#: Names of the calls the filter denies, for reports.
-DENIED_SYSCALLS = tuple(rule[0] for rule in _RULES)
 
 
 def _load_library() -> ctypes.CDLL:
