@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -11,6 +12,9 @@ from rlvr.sandbox import Sandbox, doctor, format_doctor_report
 from rlvr.sandbox import executor as executor_module
 from rlvr.sandbox.__main__ import main
 from rlvr.sandbox.doctor import doctor_ok
+
+if TYPE_CHECKING:
+    from conftest import HostUnixSockets
 
 LAYERS = ("landlock", "seccomp", "privileges", "bwrap", "rlimits", "pidfd", "subreaper")
 PROBES = ("probe.filesystem", "probe.process", "probe.network", "probe.signal", "probe.memory", "probe.uid")
@@ -87,6 +91,21 @@ def test_without_landlock_seccomp_and_the_uid_still_contain() -> None:
         ])
         assert result.num_passed == 0, result.stderr_tail
         assert pool.run("x = 1", ["assert x == 1"]).passed
+
+
+def test_without_landlock_seccomp_keeps_host_unix_sockets_out(host_unix_sockets: HostUnixSockets) -> None:
+    """Kernels without Landlock (or before ABI 6, which scopes abstract sockets): seccomp alone must hold."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pool = Sandbox(num_workers=1, timeout=2.0, use_landlock=False, use_bwrap=False)
+    with pool:
+        if not pool.layers["seccomp"]["active"]:
+            pytest.skip(f"seccomp is not active here: {pool.layers['seccomp']['detail']}")
+        code = "import socket\ndef connect(address):\n    socket.socket(socket.AF_UNIX).connect(address)\n"
+        result = pool.run(code, [f"connect({host_unix_sockets.stream_path!r})",
+                                 f"connect({host_unix_sockets.abstract_name!r})"])
+        assert host_unix_sockets.arrivals() == []
+        assert result.num_passed == 0, result.stderr_tail
 
 
 def test_without_seccomp_forks_are_capped_and_leftovers_swept() -> None:
