@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from conftest import HostUnixSockets
 
 LAYERS = ("landlock", "seccomp", "privileges", "bwrap", "rlimits", "pidfd", "subreaper")
-PROBES = ("probe.filesystem", "probe.process", "probe.network", "probe.signal", "probe.memory", "probe.uid")
+PROBES = ("probe.filesystem", "probe.process", "probe.network", "probe.unix", "probe.signal", "probe.memory",
+          "probe.uid")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_doctor_probes_agree_with_the_active_layers(report: dict[str, str]) -> N
     if active("landlock") or active("bwrap"):
         assert report["probe.filesystem"].startswith("blocked"), report["probe.filesystem"]
     if active("seccomp"):
-        for probe in ("probe.process", "probe.network", "probe.signal"):
+        for probe in ("probe.process", "probe.network", "probe.unix", "probe.signal"):
             assert report[probe].startswith("blocked"), report[probe]
     if os.geteuid() == 0 and active("privileges"):
         assert report["probe.uid"].startswith("blocked")
