@@ -11,12 +11,16 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from rlvr.errors import SandboxError
 from rlvr.sandbox import Sandbox
 from rlvr.sandbox import bwrap as bwrap_module
+
+if TYPE_CHECKING:
+    from conftest import HostUnixSockets
 
 
 def _bwrap_works() -> tuple[bool, str]:
@@ -65,6 +69,17 @@ def test_wrapped_job_has_no_network(wrapped: Sandbox) -> None:
         with pytest.raises(socket.timeout):
             listener.accept()
     assert not result.passed
+
+
+def test_wrapped_job_cannot_reach_host_unix_sockets(wrapped: Sandbox, host_unix_sockets: HostUnixSockets) -> None:
+    """Seccomp off: the private /tmp hides the socket files and the network namespace the abstract socket."""
+    code = "import socket\n"
+    tests = [f"socket.socket(socket.AF_UNIX).connect({host_unix_sockets.stream_path!r})",
+             f"socket.socket(socket.AF_UNIX).connect({host_unix_sockets.abstract_name!r})",
+             f"socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'x', {host_unix_sockets.datagram_path!r})"]
+    result = wrapped.run(code, tests)
+    assert host_unix_sockets.arrivals() == []
+    assert result.num_passed == 0, result.stderr_tail
 
 
 def test_wrapped_job_sees_neither_the_hosts_tmp_nor_its_home(wrapped: Sandbox) -> None:

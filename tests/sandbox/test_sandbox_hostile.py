@@ -11,10 +11,14 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
 from rlvr.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from conftest import HostUnixSockets
 
 Check = Callable[[], None]
 
@@ -149,6 +153,60 @@ def test_dns_lookups_and_udp_are_blocked(sandbox: Sandbox, survives: Check) -> N
             fake_dns.recvfrom(512)
     assert result.num_passed == 0
     survives()
+
+
+def test_unix_stream_sockets_of_the_host_are_unreachable(sandbox: Sandbox, host_unix_sockets: HostUnixSockets,
+                                                         survives: Check) -> None:
+    """A world-writable socket file in the temp folder (an X server, a D-Bus bus, an agent) and an abstract one."""
+    code = (
+        "import socket\n"
+        "def connect(address):\n"
+        "    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "    client.connect(address)\n"
+        "    client.sendall(b'hi')\n"
+        "    return True\n"
+    )
+    tests = [f"assert connect({host_unix_sockets.stream_path!r})",
+             f"assert connect({host_unix_sockets.abstract_name!r})"]
+    result = sandbox.run(code, tests)
+    assert host_unix_sockets.arrivals() == []
+    assert result.num_passed == 0, result.stderr_tail
+    survives()
+
+
+def test_unix_datagram_sockets_of_the_host_are_unreachable(sandbox: Sandbox, host_unix_sockets: HostUnixSockets,
+                                                           survives: Check) -> None:
+    """Datagrams need no listener: a fresh socket or a socketpair's end can address any socket file it can name."""
+    path = host_unix_sockets.datagram_path
+    code = "import socket\n"
+    tests = [
+        f"socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'socket', {path!r})",
+        f"a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\na.sendto(b'pair-sendto', {path!r})",
+        f"a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\na.connect({path!r})\na.send(b'pair-connect')",
+        f"a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_RAW)\na.sendto(b'raw-pair', {path!r})",  # a datagram
+    ]
+    result = sandbox.run(code, tests)
+    assert host_unix_sockets.arrivals() == []
+    assert result.num_passed == 0, result.stderr_tail
+    survives()
+
+
+def test_a_job_may_use_stream_socketpairs(sandbox: Sandbox) -> None:
+    """A socketpair has no address, so it reaches nothing outside the job; asyncio needs one for its event loop."""
+    code = (
+        "import asyncio, socket\n"
+        "def echo(kind):\n"
+        "    a, b = socket.socketpair(socket.AF_UNIX, kind)\n"
+        "    a.sendall(b'ping')\n"
+        "    return b.recv(4)\n"
+        "async def answer():\n"
+        "    await asyncio.sleep(0)\n"
+        "    return 42\n"
+    )
+    tests = ["assert echo(socket.SOCK_STREAM) == b'ping'", "assert echo(socket.SOCK_SEQPACKET) == b'ping'",
+             "assert socket.socketpair()[0].family == socket.AF_UNIX", "assert asyncio.run(answer()) == 42"]
+    result = sandbox.run(code, tests)
+    assert result.passed, result.stderr_tail
 
 
 def test_proc_environ_of_the_trainer_and_server_is_unreadable(sandbox: Sandbox, survives: Check) -> None:

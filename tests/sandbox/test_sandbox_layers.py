@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,8 +13,12 @@ from rlvr.sandbox import executor as executor_module
 from rlvr.sandbox.__main__ import main
 from rlvr.sandbox.doctor import doctor_ok
 
+if TYPE_CHECKING:
+    from conftest import HostUnixSockets
+
 LAYERS = ("landlock", "seccomp", "privileges", "bwrap", "rlimits", "pidfd", "subreaper")
-PROBES = ("probe.filesystem", "probe.process", "probe.network", "probe.signal", "probe.memory", "probe.uid")
+PROBES = ("probe.filesystem", "probe.process", "probe.network", "probe.unix", "probe.signal", "probe.memory",
+          "probe.uid")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,7 @@ def test_doctor_probes_agree_with_the_active_layers(report: dict[str, str]) -> N
     if active("landlock") or active("bwrap"):
         assert report["probe.filesystem"].startswith("blocked"), report["probe.filesystem"]
     if active("seccomp"):
-        for probe in ("probe.process", "probe.network", "probe.signal"):
+        for probe in ("probe.process", "probe.network", "probe.unix", "probe.signal"):
             assert report[probe].startswith("blocked"), report[probe]
     if os.geteuid() == 0 and active("privileges"):
         assert report["probe.uid"].startswith("blocked")
@@ -87,6 +92,21 @@ def test_without_landlock_seccomp_and_the_uid_still_contain() -> None:
         ])
         assert result.num_passed == 0, result.stderr_tail
         assert pool.run("x = 1", ["assert x == 1"]).passed
+
+
+def test_without_landlock_seccomp_keeps_host_unix_sockets_out(host_unix_sockets: HostUnixSockets) -> None:
+    """Kernels without Landlock (or before ABI 6, which scopes abstract sockets): seccomp alone must hold."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pool = Sandbox(num_workers=1, timeout=2.0, use_landlock=False, use_bwrap=False)
+    with pool:
+        if not pool.layers["seccomp"]["active"]:
+            pytest.skip(f"seccomp is not active here: {pool.layers['seccomp']['detail']}")
+        code = "import socket\ndef connect(address):\n    socket.socket(socket.AF_UNIX).connect(address)\n"
+        result = pool.run(code, [f"connect({host_unix_sockets.stream_path!r})",
+                                 f"connect({host_unix_sockets.abstract_name!r})"])
+        assert host_unix_sockets.arrivals() == []
+        assert result.num_passed == 0, result.stderr_tail
 
 
 def test_without_seccomp_forks_are_capped_and_leftovers_swept() -> None:

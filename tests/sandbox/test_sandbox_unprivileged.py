@@ -30,7 +30,14 @@ package.__path__ = [os.path.join(SRC, "rlvr")]
 sys.modules["rlvr"] = package
 from rlvr.sandbox import Sandbox
 
+import socket
 outside = os.path.join(TARGET, "written-by-job")
+agent_path = os.path.join(TARGET, "agent.sock")
+agent = socket.socket(socket.AF_UNIX)
+agent.bind(agent_path)
+os.chmod(agent_path, 0o600)  # like ssh-agent's: only its uid may connect, and the job runs as that uid
+agent.listen(1)
+agent.setblocking(False)
 with Sandbox(num_workers=1, timeout=2.0, use_bwrap=False) as sandbox:
     layers = {name: layer["active"] for name, layer in sandbox.layers.items()}
     pids = sandbox.server_pids()
@@ -44,10 +51,16 @@ with Sandbox(num_workers=1, timeout=2.0, use_bwrap=False) as sandbox:
         "kill_server": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", ["assert True"]),
         "kill_driver": ("import os", [f"os.kill({me}, 0)"]),
         "network": ("import socket", ["socket.create_connection(('127.0.0.1', 9), timeout=0.5)"]),
+        "agent": ("import socket", [f"socket.socket(socket.AF_UNIX).connect({agent_path!r})"]),
     }
     results = dict(zip(jobs, sandbox.run_many([{"code": c, "tests": t} for c, t in jobs.values()])))
     after = sandbox.run("x = 1", ["assert x == 1"])
     same_servers = sandbox.server_pids() == pids and sandbox.restarts == 0
+    try:
+        agent.accept()[0].close()
+        agent_reached = True
+    except BlockingIOError:
+        agent_reached = False
 with Sandbox(num_workers=1, timeout=5.0, use_bwrap=False, disk_mb=32, file_size_mb=8) as small_disk:
     fill = (
         "written = 0\n"
@@ -64,6 +77,7 @@ print(json.dumps({
     "statuses": {name: r.status for name, r in results.items()},
     "same_servers": same_servers,
     "after": after.passed,
+    "agent_reached": agent_reached,
     "written": os.path.exists(outside),
     "disk": {"status": disk.status, "written_mb": int((disk.stdout_tail.split() or ["0"])[-1])},
 }))
@@ -121,6 +135,13 @@ def test_unprivileged_job_cannot_fork_or_connect(unprivileged_run: dict) -> None
         pytest.skip("seccomp is not active for the unprivileged user here")
     assert not unprivileged_run["passed"]["fork"]
     assert not unprivileged_run["passed"]["network"]
+
+
+def test_unprivileged_job_cannot_reach_its_uids_agent_socket(unprivileged_run: dict) -> None:
+    if not unprivileged_run["layers"]["seccomp"]:
+        pytest.skip("seccomp is not active for the unprivileged user here")
+    assert not unprivileged_run["agent_reached"], "the job connected to a socket of its uid outside its folder"
+    assert not unprivileged_run["passed"]["agent"]
 
 
 def test_unprivileged_job_cannot_write_its_uids_files_or_read_its_driver(unprivileged_run: dict) -> None:

@@ -18,17 +18,20 @@ Layers, per job (a forked child of a fork server; see ``server``)
     whose total size is capped (a private tmpfs when root, bwrap's sized tmpfs, else a watchdog);
     when running as root, the uid ``nobody`` with no groups and no capabilities; Landlock (read-only
     interpreter and system folders, read-write job folder, no TCP, no signals or abstract sockets outside
-    the job) when the kernel has it; a seccomp filter (no fork/exec, no non-Unix sockets, signals only to
-    itself, no ptrace/mount/namespaces/bpf/io_uring/keyctl, no raising rlimits) when libseccomp is
-    installed; optionally each fork server inside ``bwrap`` (user/pid/net namespaces, read-only binds,
-    private /tmp). The server enforces the wall-clock timeout on a pidfd, kills the job's process group,
+    the job) when the kernel has it; a seccomp filter (no fork/exec, no ``socket()`` at all -- only stream
+    and seqpacket ``socketpair()``, which have no address --, signals only to itself, no
+    ptrace/mount/namespaces/bpf/io_uring/keyctl, no raising rlimits) when libseccomp is installed;
+    optionally each fork server inside ``bwrap`` (user/pid/net namespaces, read-only binds, private
+    /tmp). The server enforces the wall-clock timeout on a pidfd, kills the job's process group,
     reaps it, and -- being a child subreaper -- kills anything the job left behind. Missing layers are
     warned about once per process and shown by the doctor.
 
 Threat model
     Covered: a program that loops, sleeps, allocates without bound, forks without end, writes huge
     output, fills the disk, writes outside its folder (/etc, the home folder, other jobs' folders), opens
-    network connections or DNS lookups, reads the trainer's secrets through /proc, signals or kills its
+    network connections or DNS lookups, connects or sends to the host's Unix sockets (socket files such as
+    a D-Bus bus, an X server, an ssh agent or a container runtime, even world-writable or owned by the
+    job's own uid, and abstract ones), reads the trainer's secrets through /proc, signals or kills its
     fork server, the trainer or its own process group, raises its rlimits, daemonises to outlive the job,
     or closes or floods the report pipe -- each is stopped or contained, the fork server survives (or is
     restarted) and the next job runs. A program also cannot *pass* by ending early (``sys.exit(0)``,
@@ -50,8 +53,11 @@ Threat model
     4. What a missing layer would have stopped. Without Landlock an unprivileged job can read what its
        uid can read, /proc/<pid>/environ of the trainer included, and a root job that keeps
        CAP_DAC_READ_SEARCH (interpreter under /root) can read every file; without seccomp a job can fork
-       (bounded by RLIMIT_NPROC where meaningful, the process-group kill and the subreaper sweep) and use
-       the network; without both, a job can read a concurrent job's folder if it learns its random name.
+       (bounded by RLIMIT_NPROC where meaningful, the process-group kill and the subreaper sweep), use the
+       network without Landlock ABI 4 (UDP and DNS even with it), and connect or send to any Unix socket
+       file its uid may write, unless bwrap hides it (the Landlock policy scopes only abstract sockets,
+       from ABI 6; it does not use the newer right over socket files); without both, a job can read a
+       concurrent job's folder if it learns its random name.
     5. Disk use of an unprivileged sandbox without bwrap is policed by a watchdog that looks every 10 ms,
        so a fast writer overshoots ``disk_mb`` by what it writes meanwhile (tens of MiB); root and bwrap
        get a kernel-enforced tmpfs size instead.

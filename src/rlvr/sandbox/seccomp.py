@@ -9,7 +9,12 @@ job, and building costs nothing per job. The filter allows everything except:
 * process creation other than threads: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (EPERM) and
   ``clone3`` (ENOSYS, so the C library falls back to ``clone`` for threads, which the filter can inspect);
 * program execution: ``execve``, ``execveat`` (the job is a forked interpreter and never needs them);
-* sockets other than Unix sockets: ``socket``/``socketpair`` with a family other than ``AF_UNIX``;
+* every new socket with an address: ``socket`` entirely (so no network, no netlink and no connecting to the
+  host's Unix sockets -- a D-Bus bus, an X server, an agent, a container runtime -- by path or in the
+  abstract namespace), ``socketpair`` with a family other than ``AF_UNIX`` or a datagram type
+  (``SOCK_DGRAM``, and ``SOCK_RAW``, which Unix sockets treat as datagrams: an end of such a pair can still
+  ``connect`` or ``sendto`` any socket file it can name). Stream and seqpacket socketpairs stay allowed:
+  they have no address and reach only each other (asyncio's event loop needs one);
 * signals to anyone but itself: ``kill``, ``tgkill``, ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo`` with a
   target other than the job's own pid; ``tkill`` and the ``pidfd_*`` calls entirely;
 * other processes' memory and namespaces: ``ptrace``, ``process_vm_readv/writev``, ``kcmp``, ``mount`` and
@@ -20,8 +25,8 @@ job, and building costs nothing per job. The filter allows everything except:
 
 System calls of another ABI (x32, i386 on x86-64) kill the process.
 
-What it is not: a filesystem or network policy (paths and Unix-socket peers are Landlock's business), nor a
-limit on memory or CPU (rlimits). Without libseccomp the sandbox still runs, without this layer, and warns.
+What it is not: a filesystem policy (paths are Landlock's business), nor a limit on memory or CPU (rlimits).
+Without libseccomp the sandbox still runs, without this layer, and warns.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_ACT_KILL_PROCESS = 0x80000000
 _SCMP_FLTATR_ACT_BADARCH = 2
 _CMP_NE = 1
-_CMP_EQ = 4
 _CMP_MASKED_EQ = 7
 _CLONE_THREAD = 0x00010000
 _AF_UNIX = 1
+_SOCK_TYPE_MASK = 0xF  # the type argument of socketpair also carries SOCK_NONBLOCK and SOCK_CLOEXEC
+_SOCK_DGRAM = 2
+_SOCK_RAW = 3
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -76,8 +83,10 @@ _RULES: list[tuple[str, int, list[tuple[int, int, object]]]] = [
     ("clone3", _ENOSYS, []),
     ("execve", _EPERM, []),
     ("execveat", _EPERM, []),
-    ("socket", _EPERM, [(0, _CMP_NE, _AF_UNIX)]),
+    ("socket", _EPERM, []),
     ("socketpair", _EPERM, [(0, _CMP_NE, _AF_UNIX)]),
+    ("socketpair", _EPERM, [(1, _CMP_MASKED_EQ, (_SOCK_TYPE_MASK, _SOCK_DGRAM))]),
+    ("socketpair", _EPERM, [(1, _CMP_MASKED_EQ, (_SOCK_TYPE_MASK, _SOCK_RAW))]),
     ("kill", _EPERM, [(0, _CMP_NE, _SELF)]),
     ("tgkill", _EPERM, [(0, _CMP_NE, _SELF)]),
     ("rt_sigqueueinfo", _EPERM, [(0, _CMP_NE, _SELF)]),
@@ -99,9 +108,6 @@ _RULES: list[tuple[str, int, list[tuple[int, int, object]]]] = [
         )
     ],
 ]
-
-#: Names of the calls the filter denies, for reports.
-DENIED_SYSCALLS = tuple(rule[0] for rule in _RULES)
 
 
 def _load_library() -> ctypes.CDLL:
@@ -160,7 +166,8 @@ class Filter:
                 rc = lib.seccomp_rule_add_array(ctx, action, number, len(conditions), cmps)
                 if rc != 0:
                     raise OSError(-rc, f"seccomp_rule_add({name}) failed: {os.strerror(-rc)}")
-                self.denied.append(name)
+                if name not in self.denied:
+                    self.denied.append(name)
             self.program = self._export(lib, ctx)
         finally:
             lib.seccomp_release(ctx)

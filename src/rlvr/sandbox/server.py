@@ -169,7 +169,7 @@ class Server:
             self._layer("seccomp", False, str(exc))
             return
         self._layer("seccomp", True, f"libseccomp {self.seccomp.version}, {len(self.seccomp.denied)} calls denied "
-                    "(no fork/exec, no non-Unix sockets, signals only to itself)")
+                    "(no fork/exec, no sockets but stream socketpairs, signals only to itself)")
 
     def _prepare_nproc(self) -> None:
         """RLIMIT_NPROC counts every task of a real uid, so it only means something for a uid of our own."""
