@@ -7,7 +7,7 @@ What it is: :func:`ray_backend` starts one trainer actor (an in-process ``rlvr``
 its optimizer), ``num_samplers`` sampler actors (each the base model plus the adapters published to it) and
 ``num_reward_workers`` reward actors, and returns two objects the loop already knows how to drive: a Tinker-shaped
 service client (``clients``) and a reward runner with ``score(items) -> BatchScores`` (``rewards``). The loop runs
-on them unchanged. What you get, and what is tested on a 2-core machine:
+on them unchanged, with:
 
 - the same numbers: a seeded run gives the in-process run's metrics (sampling seeds travel with each request, so
   which replica serves a request does not matter; see tests/distributed for the tolerance and why);
@@ -17,46 +17,26 @@ on them unchanged. What you get, and what is tested on a 2-core machine:
   sampler first reloads the newest adapter); deaths and re-sent requests are counted in each step's metrics
   (``distributed/sampler_restarts|retries``, ``distributed/reward_restarts|retries``, cumulative; from
   ``service.distributed_metrics()``);
-- small footprint: actors ask Ray for no CPUs (``num_cpus=0``) and model-holding actors split the machine's cores
-  between them (``torch.set_num_threads``), so everything fits on ``ray.init(num_cpus=2)``.
+- a small footprint: actors ask Ray for no CPUs (``num_cpus=0``) and the trainer and rlvr's sampler actors split
+  their node's cores between them (each takes ``1 / (1 + num_samplers)``, ``torch.set_num_threads``), so everything
+  fits on ``ray.init(num_cpus=2)``. Sampler and reward actors are placed with Ray's ``SPREAD`` strategy; published
+  adapters travel through Ray's object store; ``RLVR_HOME``, when set, is forwarded to the actors.
+
+Samplers on vLLM: ``DistributedConfig(backend="ray", sampler="vllm")`` starts ``vllm_sampler.VLLMSampler`` replicas
+instead (``rlvr[vllm]``; one GPU each when the cluster has GPUs): the same methods, the same hash check of the files
+that arrive, a fresh LoRA id per publication, and the loop's logprob probe after each publication to prove vLLM
+serves the new adapter.
+
+What it is not: a fault-tolerant trainer (a dead trainer actor is a ``WorkerLostError``; resume from the last
+checkpoint with ``resume=True``), an FSDP2 trainer (the slot where one would replace ``TrainerActor`` is described
+in docs/distributed.md; not implemented), or needed at all: ``import rlvr`` and the loop work without Ray, and
+asking for the Ray backend without it installed says ``pip install 'rlvr[ray]'``.
 
 Files: ``clients.py`` (the Tinker-shaped service, training and sampling clients the loop drives), ``actors.py``
 (trainer and sampler actors), ``rewards.py`` (reward actors and ``RayRewardRunner``), ``weights.py`` (adapter files
 and content hashes), ``cluster.py`` (starting Ray, restartable actors, restart counting), ``futures.py`` (Tinker
-futures over actor calls, re-sent after a restart).
-
-Samplers on vLLM: ``DistributedConfig(backend="ray", sampler="vllm")`` starts ``vllm_sampler.VLLMSampler`` replicas
-instead (``rlvr[vllm]``; one GPU each when the cluster has GPUs, vLLM's CPU build otherwise): the same methods, the
-same hash check of the files that arrive, a fresh LoRA id per publication, and the loop's logprob probe after each
-publication to prove vLLM serves the new adapter (see that module).
-
-What it is not: a fault-tolerant trainer (a dead trainer actor is a ``WorkerLostError``; resume from the last
-checkpoint with ``resume=True``), an FSDP2 trainer (below), or needed at all: ``import rlvr`` and the loop work
-without Ray, and asking for the Ray backend without it installed says ``pip install 'rlvr[ray]'``.
-
-Multi-node and GPUs
--------------------
-On a cluster, start Ray on each machine and point the loop at it::
-
-    ray start --head --port=6379                  # on the head node
-    ray start --address=HEAD_IP:6379              # on every other node
-    export RLVR_HOME=/shared/rlvr                 # on the head node: checkpoints on storage every node sees
-    rlvr train distributed.backend=ray distributed.address=auto distributed.num_samplers=4 \
-        distributed.num_reward_workers=8          # or, in a YAML config: distributed: {backend: ray, ...}
-
-``address=None`` starts a private local Ray instance instead; ``"ray://HEAD_IP:10001"`` connects through Ray
-Client. Sampler and reward actors are placed with Ray's ``SPREAD`` strategy, one replica per node where possible.
-Published adapters travel through Ray's object store, so samplers need no shared disk; checkpoints
-(``save_state``) are written by the trainer on its node, and ``resume=True`` must run where it can read them, so keep
-``RLVR_HOME`` on shared storage (it is forwarded to the actors when set) and install the same rlvr and model cache
-on every node. Only one machine was available while this was written: multi-node placement is not tested (the
-code path is the same, actors just land on other nodes). The vLLM sampler is tested on vLLM's CPU build
-(tests/distributed/test_vllm_sampler.py, in an environment of its own); no GPU was available, so it has not run on
-CUDA. One piece plugs in at a fixed place and is NOT implemented: an FSDP2 trainer would replace ``TrainerActor``
-by a group of actors, one per GPU (``num_gpus=1`` each), sharding the base model with
-``torch.distributed.fsdp.fully_shard`` and publishing the gathered LoRA weights from rank 0. Today the trainer and
-rlvr's sampler actors ask for ``num_cpus=0`` and no GPU, and each takes ``1 / (1 + num_samplers)`` of its node's
-cores, which suits one machine but leaves cores idle when the actors are spread over several.
+futures over actor calls, re-sent after a restart), ``vllm_sampler.py`` (the vLLM replica). Multi-node launch, what
+is tested where, and what the backend costs on one machine: docs/distributed.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,35 @@
-"""Matmuls on prepacked weights: the fastest float32 kernel this machine has, for weights that do not train.
+"""Matmuls on prepacked weights, for base-model weights that do not train.
 
 A base model's weights never change while rlvr trains LoRA adapters on it, so they can be reordered once into the
-layout a BLAS kernel reads fastest. torch offers two such kernels on CPU: oneDNN's (``mkldnn._linear_pointwise``,
-any row count) and MKL's (``mkl._mkl_linear``, one row count fixed at packing). Which wins depends on the machine:
-on 2 cores of a Xeon MKL's pack ran ~1.3x a plain ``F.linear`` at 64 rows; on an EPYC MKL's pack ran slower than
-``F.linear`` while oneDNN's ran 1.4-2x (2.7x on SmolLM2's output layer) at 64 rows and 1.5x at 2000. So the kernel
-is chosen by timing, once per process (every model of a process then rounds the same way), among a plain
-``F.linear``, MKL's pack and oneDNN's. ``RLVR_MATMUL=plain`` (or ``mkl``, ``mkldnn``, ``bf16x3``) in the
-environment fixes the choice, e.g. for runs that must round alike across processes or machines.
+layout a kernel reads fastest. The kernels ("kinds") this module packs for and calls:
 
-Where the CPU has AMX (a Xeon since Sapphire Rapids), the sampler's decode steps take rlvr's own kernel instead,
-without timing (``amx_linear``, kind "bf16x3"): each float32 product as three bfloat16 products on AMX tiles, ~16
-bits of the product where float32 keeps ~22, at 1.1-1.4x MKL's packed float32 rate on SmolLM2's MLP weights streamed
-from memory at 8-64 rows (2.7x on a weight in cache; 0.74x at 1 row). Measured on SmolLM2 with a rank-16 adapter
-over three training steps, 64 sequences each: the sampler's logprobs differ from the trainer's by 1.6e-5 per token
-on average (largest 2.2e-4), against 6.6e-6 (3.3e-5) with MKL's float32 products; bfloat16 gives 0.03. The trainer
-stays on float32 kernels. A fixed choice (not timed) also makes every process of a machine round alike: timing picks
-among kernels whose speeds are close on small weights, and so differed between a Ray replica and the driver.
+- ``mkldnn``: oneDNN's float32 kernel (``mkldnn._linear_pointwise``), any row count;
+- ``mkl``: MKL's float32 kernel (``mkl._mkl_linear``), one row count, fixed at packing;
+- ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products on AMX tiles
+  (~16 bits of each product where float32 keeps ~22), any row count, where the CPU has AMX;
+- ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for.
 
-oneDNN's was opt-in for a while: on the EPYC, 8-step ``bench/rl_step.py`` runs with it ended below the same seed's
-runs without it on five of six seeds. Its products match ``F.linear``'s to rounding (tested), and sampling with it
-draws from the same distribution: 2048 samples (128 problems x 16, temperature 1) under each kernel gave accuracy
-0.182 / 0.184 with the base weights and 0.276 / 0.282 with an adapter trained 8 steps (standard error 0.01), mean
-length 48.5 / 48.7 and 49.5 / 49.4 tokens. What rounding does change is which tail token an inverse-CDF draw picks
-(a 1e-5 shift of the mass before it), so the two kernels' runs leave one seed's trajectory within a few tokens and
-are different trajectories, not a biased and an unbiased one.
+Which kind a use gets (``fastest_kind``): where the AMX kernel runs, the sampler takes it without timing, so that
+every process of a machine (a Ray replica and the driver alike) rounds the same way; timing picks among kernels
+whose speeds are close on small weights, and could pick differently in each. Elsewhere a plain ``F.linear``, MKL's
+and oneDNN's are timed once per process, on first use, and the fastest is kept, so every model of a process rounds
+the same way. ``RLVR_MATMUL=plain`` (or ``mkl``, ``mkldnn``, ``bf16x3``) fixes the choice instead, for runs that
+must repeat bit for bit across machines: rounding changes which rare token a draw lands on, so each kind gives one
+seed its own trajectory.
 
-``precision="bfloat16"`` (``Engine(precision=...)`` or ``RLVR_PRECISION``; float32 is the default) packs the frozen
-weights in bfloat16 instead, for oneDNN's bfloat16 kernel (AMX on a recent Xeon: ~2 TFLOP/s on 2 cores at 64 rows,
-against ~0.35 for float32), in the trainer and the sampler alike; see ``base_precision`` for what it costs. (oneDNN's
-float32 kernel with bfloat16 inputs but float32 results, ``torch.backends.mkldnn.matmul.fp32_precision="bf16"``,
-was measured too: half the bfloat16 kernel's rate, and the sampler and trainer still differ by 0.009 per token.)
+Two users: the sampler's decode steps (``decode.py`` packs its fused projections, for models whose float32
+projections fit in ``PACK_MAX_BYTES``) and the trainer (``pack_frozen_linears`` gives every frozen ``nn.Linear`` a
+packed weight and its packed transpose, so the forward product and the input gradient both run on oneDNN's kernel:
+float32 where timing picks it, bfloat16 when asked). The trainer never takes MKL's or the AMX kernel.
 
-Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer's forward and
-backward (``pack_frozen_linears`` gives every frozen ``nn.Linear`` of a model a packed weight and its packed
-transpose, so both the forward product and the input gradient run on oneDNN).
+Precision (``base_precision``): float32 by default. ``precision="bfloat16"`` (``Engine(precision=...)``, the
+``precision`` config key, or ``RLVR_PRECISION``) runs every frozen base matmul, trainer and sampler alike, on
+oneDNN's bfloat16 kernel; the sampler and the trainer then agree only to bfloat16 rounding.
 
-Not here: which weights are fused (``decode.py``), LoRA (``lora.py``).
+What each kind measured, what it costs in sampler/trainer agreement, and what was tried instead:
+docs/performance.md.
+
+Not here: which weights are fused (``decode.py``), LoRA (``lora.py``), the AMX kernel itself (``amx_linear.py``).
 """
 
 from __future__ import annotations
