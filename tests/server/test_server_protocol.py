@@ -1,4 +1,5 @@
-"""Protocol details: seq_id ordering, training-run and checkpoint listing through the SDK's RestClient, sessions."""
+"""Protocol details: seq_id ordering (refused requests included), training-run and checkpoint listing through the
+SDK's RestClient, sessions."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import tinker
 from tinker import types
 
-from rlvr.server.state import Sequencer, done
+from rlvr.server.state import SeqIdRefused, Sequencer, done
 
 
 def test_server_sequencer_runs_jobs_in_seq_id_order():
@@ -105,3 +106,56 @@ def test_server_finished_session_is_gone(server):
                   "prompt": types.ModelInput.from_ints([1, 2]).model_dump(mode="json"),
                   "sampling_params": {"max_tokens": 2}}
         assert http.post("/asample", json=sample).status_code == 404
+
+
+# -- refused requests free their seq_id -----------------------------------------------------------------------------
+
+def test_server_sequencer_refused_seq_id_counts_as_done():
+    """A seq_id whose request was refused before it was queued frees its turn at once, whether the requests behind it
+    arrived before the refusal or after; a retry of it is told it was refused; an accepted seq_id stays accepted."""
+    pool = ThreadPoolExecutor(4)
+    seq = Sequencer(pool, first_seq=1, gap_timeout_s=60.0)  # waiting for the gap timer would time the test out
+    ran: list[int] = []
+
+    def job(n: int):
+        return lambda: (ran.append(n), done(n))[1]
+
+    _, second = seq.submit(2, "r2", job(2))
+    time.sleep(0.1)
+    assert not second.done()  # still waiting for 1
+    seq.refuse(1, "optim_params type 'dimuon': rlvr takes AdamParams only")
+    assert second.result(timeout=2) == 2
+
+    seq.refuse(4, "kind='inflight': rlvr serves snapshot sampling clients only")  # refused before 3 arrives
+    _, third = seq.submit(3, "r3", job(3))
+    _, fifth = seq.submit(5, "r5", job(5))
+    assert third.result(timeout=2) == 3 and fifth.result(timeout=2) == 5
+    assert ran == [2, 3, 5]
+
+    with pytest.raises(SeqIdRefused, match=r"seq_id 1 .*AdamParams only"):
+        seq.submit(1, "retry", job(1))
+    seq.refuse(5, "a second answer for an accepted request")
+    assert seq.submit(5, "retry", job(5)) == ("r5", None)
+
+    seq.refuse(9, "refused far ahead")  # a refusal alone waits for nothing and skips nothing
+    _, sixth = seq.submit(6, "r6", job(6))
+    assert sixth.result(timeout=2) == 6 and ran == [2, 3, 5, 6]
+    pool.shutdown()
+
+
+def test_server_sequencer_late_request_does_not_reopen_its_gap():
+    """A request that arrives after its gap was skipped runs at once, and the requests after it do not wait again."""
+    pool = ThreadPoolExecutor(4)
+    seq = Sequencer(pool, first_seq=1, gap_timeout_s=0.5)
+
+    def job(n: int):
+        return lambda: done(n)
+
+    _, second = seq.submit(2, "r2", job(2))  # 1 is late: 2 runs once the gap times out
+    assert second.result(timeout=5) == 2
+    _, first = seq.submit(1, "r1", job(1))
+    assert first.result(timeout=2) == 1
+    started = time.monotonic()
+    _, third = seq.submit(3, "r3", job(3))
+    assert third.result(timeout=5) == 3 and time.monotonic() - started < 0.3
+    pool.shutdown()
