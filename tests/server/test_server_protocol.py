@@ -1,4 +1,5 @@
-"""Protocol details: seq_id ordering, training-run and checkpoint listing through the SDK's RestClient, sessions."""
+"""Protocol details: seq_id ordering (refused requests included), training-run and checkpoint listing through the
+SDK's RestClient, sessions."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import httpx
 import pytest
 import tinker
 from tinker import types
+from tinker.proto import tinker_public_pb2 as pb
+from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from rlvr.server.state import Sequencer, done
+from rlvr.server.state import SeqIdRefused, Sequencer, done
 
 
 def test_server_sequencer_runs_jobs_in_seq_id_order():
@@ -105,3 +108,131 @@ def test_server_finished_session_is_gone(server):
                   "prompt": types.ModelInput.from_ints([1, 2]).model_dump(mode="json"),
                   "sampling_params": {"max_tokens": 2}}
         assert http.post("/asample", json=sample).status_code == 404
+
+
+# -- refused requests free their seq_id -----------------------------------------------------------------------------
+
+DATUM = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 4]),
+                    loss_fn_inputs={"target_tokens": types.TensorData(data=[2, 3, 4, 5], dtype="int64"),
+                                    "weights": types.TensorData(data=[1.0] * 4, dtype="float32")})
+PROMPT_S = 3.0
+"""Upper bound for a forward on ``tiny`` right after a refused request, sent and fetched over HTTP. It takes ~0.1 s
+alone and up to ~1.3 s on a busy 2-core machine; waiting for the refused seq_id would add the server's 10 s gap
+timeout."""
+
+
+def test_server_sequencer_refused_seq_id_counts_as_done():
+    """A seq_id whose request was refused before it was queued frees its turn at once, whether the requests behind it
+    arrived before the refusal or after; a retry of it is told it was refused; an accepted seq_id stays accepted."""
+    pool = ThreadPoolExecutor(4)
+    seq = Sequencer(pool, first_seq=1, gap_timeout_s=60.0)  # waiting for the gap timer would time the test out
+    ran: list[int] = []
+
+    def job(n: int):
+        return lambda: (ran.append(n), done(n))[1]
+
+    _, second = seq.submit(2, "r2", job(2))
+    time.sleep(0.1)
+    assert not second.done()  # still waiting for 1
+    seq.refuse(1, "optim_params type 'dimuon': rlvr takes AdamParams only")
+    assert second.result(timeout=2) == 2
+
+    seq.refuse(4, "kind='inflight': rlvr serves snapshot sampling clients only")  # refused before 3 arrives
+    _, third = seq.submit(3, "r3", job(3))
+    _, fifth = seq.submit(5, "r5", job(5))
+    assert third.result(timeout=2) == 3 and fifth.result(timeout=2) == 5
+    assert ran == [2, 3, 5]
+
+    with pytest.raises(SeqIdRefused, match=r"seq_id 1 .*AdamParams only"):
+        seq.submit(1, "retry", job(1))
+    seq.refuse(5, "a second answer for an accepted request")
+    assert seq.submit(5, "retry", job(5)) == ("r5", None)
+
+    seq.refuse(9, "refused far ahead")  # a refusal alone waits for nothing and skips nothing
+    _, sixth = seq.submit(6, "r6", job(6))
+    assert sixth.result(timeout=2) == 6 and ran == [2, 3, 5, 6]
+    pool.shutdown()
+
+
+def test_server_sequencer_late_request_does_not_reopen_its_gap():
+    """A request that arrives after its gap was skipped runs at once, and the requests after it do not wait again."""
+    pool = ThreadPoolExecutor(4)
+    seq = Sequencer(pool, first_seq=1, gap_timeout_s=0.5)
+
+    def job(n: int):
+        return lambda: done(n)
+
+    _, second = seq.submit(2, "r2", job(2))  # 1 is late: 2 runs once the gap times out
+    assert second.result(timeout=5) == 2
+    _, first = seq.submit(1, "r1", job(1))
+    assert first.result(timeout=2) == 1
+    started = time.monotonic()
+    _, third = seq.submit(3, "r3", job(3))
+    assert third.result(timeout=5) == 3 and time.monotonic() - started < 0.3
+    pool.shutdown()
+
+
+REFUSED_CALLS = {  # name: (SDK call the server refuses, what its 4xx says)
+    "optim_step with Dimuon params": (
+        lambda tc: tc.optim_step(types.DimuonParams(learning_rate=1e-3)), "AdamParams only"),
+    "forward_backward with a text loss_fn_config": (
+        lambda tc: tc.forward_backward([DATUM], "ppo", {"mode": "wide"}), "rlvr losses take numbers"),
+    "an inflight sampling client": (
+        lambda tc: tc.save_weights_and_get_sampling_client(kind="inflight"), "snapshot sampling clients only"),
+    "save_weights_external, not served": (
+        lambda tc: tc.save_weights_external("hf-export"), "does not implement POST /api/v1/save_weights_external"),
+}
+
+
+@pytest.mark.parametrize(("refused", "reason"), REFUSED_CALLS.values(), ids=list(REFUSED_CALLS))
+def test_server_refused_sdk_call_does_not_stall_the_next(sdk, refused, reason):
+    tc = sdk.create_lora_training_client(base_model="tiny", rank=2, seed=11).result()
+    before = tc.forward([DATUM], "cross_entropy").result().metrics["loss:sum"]
+    with pytest.raises(tinker.APIStatusError, match=reason):
+        refused(tc).result()
+    started = time.monotonic()
+    after = tc.forward([DATUM], "cross_entropy").result().metrics["loss:sum"]
+    assert time.monotonic() - started < PROMPT_S
+    assert after == pytest.approx(before, rel=1e-6)  # the refused call changed nothing
+
+
+def test_server_refused_body_on_each_route_frees_its_seq_id(sdk, server):
+    """Bodies that fail validation (the seq_id still readable) on every route that takes a seq_id: each frees its
+    seq_id at once, and a request that reuses a refused seq_id is told so."""
+    model_id = sdk.create_lora_training_client(base_model="tiny", rank=2, seed=12).result().model_id
+    headers = {"X-API-Key": server.api_key}
+
+    def forward(seq_id: int) -> bytes:
+        request = types.ForwardBackwardRequest(model_id=model_id, seq_id=seq_id, forward_backward_input=(
+            types.ForwardBackwardInput(data=[DATUM], loss_fn="cross_entropy")))
+        msg = forward_backward_request_to_proto(request)
+        msg.forward_only = True
+        return msg.SerializeToString()
+
+    empty_forward = pb.ForwardBackwardRequest(model_id=model_id, loss_fn="cross_entropy")  # no datums
+    refusals = [
+        ("/optim_step", {"optim_params": {"learning_rate": "fast"}}, 400),
+        ("/save_weights", {"ttl_seconds": "never"}, 400),
+        ("/save_weights_for_sampler", {"kind": "bogus"}, 400),
+        ("/load_weights", {"optimizer": True}, 400),  # no path
+        ("/save_weights_external", {"path": "hf-export"}, 404),
+        ("/forward_backward", empty_forward, 400),
+    ]
+    with httpx.Client(base_url=server.base_url + "/api/v1", headers=headers, timeout=30) as http:
+        for n, (route, extra, status) in enumerate(refusals):
+            seq_id = 2 * n + 1
+            if isinstance(extra, dict):
+                r = http.post(route, json={"model_id": model_id, "seq_id": seq_id, **extra})
+            else:
+                extra.seq_id = seq_id
+                r = http.post(route, content=extra.SerializeToString())
+            assert r.status_code == status, (route, r.text)
+            started = time.monotonic()
+            r = http.post("/forward_backward", content=forward(seq_id + 1))
+            assert r.status_code == 200, r.text
+            r = http.post("/retrieve_future", json={"request_id": r.json()["request_id"]})
+            assert r.headers["content-type"].startswith("application/x-protobuf"), (route, r.text)
+            assert time.monotonic() - started < PROMPT_S, route
+        r = http.post("/forward_backward", content=forward(1))
+        assert r.status_code == 400, r.text
+        assert "seq_id 1" in r.json()["detail"] and "learning_rate" in r.json()["detail"]

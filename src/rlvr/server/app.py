@@ -6,8 +6,10 @@ sampling calls return a future id at once (``UntypedAPIFuture``), and the SDK lo
 result (protobuf for forward_backward and sample, JSON otherwise).
 
 Status codes: 400 malformed body or a request rlvr rejects (message names the field and the fix), 401 bad or missing
-key (``auth.py``), 404 unknown id, 410 finished session, 413 body too large. A failure inside one request is reported
-on that request's future only; the server keeps serving everyone else.
+key (``auth.py``), 404 unknown id or route, 410 finished session, 413 body too large. A failure inside one request is
+reported on that request's future only; the server keeps serving everyone else. A request refused with a 4xx before it
+was queued frees its ``seq_id`` at once (``Sequencer.refuse``): the SDK does not resend it, and the model's next
+request must not wait out the gap timeout for it.
 
 Not here: body formats (``wire.py``), sessions/ordering (``state.py``), keys and size limits (``auth.py``).
 """
@@ -20,7 +22,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ import rlvr
 from rlvr.errors import ConfigurationError, RlvrError
 from rlvr.server import wire
 from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
-from rlvr.server.state import Catalog, Gone, ServerState, UnknownId, chain, done
+from rlvr.server.state import Catalog, Gone, SeqIdRefused, ServerState, UnknownId, chain, done
 
 __all__ = ["create_app", "serve"]
 
@@ -89,6 +91,21 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
             state.futures.put(request_id, owner(request), future)
         return accepted(request_id, model_id)
 
+    @contextlib.contextmanager
+    def refusal_frees_seq_id(request: Request, position: Callable[[], tuple[str, int] | None]) -> Iterator[None]:
+        """Wraps a route that queues a request on a model: if the route refuses it (4xx), the seq_id it carried is
+        marked done on that model's sequencer. ``position`` reads (model_id, seq_id) from the body; it is called only
+        on refusal, and may find none (then the gap timeout covers the number). A 5xx frees nothing: the SDK retries
+        those with the same seq_id."""
+        try:
+            yield
+        except (wire.BadRequest, RlvrError, UnknownId, Gone, SeqIdRefused) as exc:
+            found = None if isinstance(exc, wire.BadRequest) and exc.status_code >= 500 else position()
+            if found is not None and found[1] >= 1:  # seq_id 0 is the model's creation, queued by the server itself
+                with contextlib.suppress(UnknownId, Gone):  # no such model for this key: no number to free
+                    state.model(found[0], owner(request)).sequencer.refuse(found[1], str(exc) or type(exc).__name__)
+            raise
+
     # -- errors -----------------------------------------------------------------------------------------------------
 
     def error(status: int, exc: BaseException) -> JSONResponse:
@@ -99,6 +116,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     app.add_exception_handler(UnknownId, lambda r, e: error(404, e))
     app.add_exception_handler(Gone, lambda r, e: error(410, e))
     app.add_exception_handler(RlvrError, lambda r, e: error(400, e))
+    app.add_exception_handler(SeqIdRefused, lambda r, e: error(400, e))
 
     # -- service ----------------------------------------------------------------------------------------------------
 
@@ -179,81 +197,93 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     async def forward_backward(request: Request) -> JSONResponse:
         body = wire.decompress(await request.body(), request.headers.get("content-encoding"),
                                max_body_bytes)
-        call = wire.decode_forward_backward(body)
+        with refusal_frees_seq_id(request, lambda: wire.proto_position(body)):
+            call = wire.decode_forward_backward(body)
 
-        def job(entry: Any) -> Future:
-            client = state.trainer(entry)
-            method = client.forward if call.forward_only else client.forward_backward
-            return chain(method(call.data, call.loss_fn, call.loss_fn_config), wire.encode_forward_backward_output)
+            def job(entry: Any) -> Future:
+                client = state.trainer(entry)
+                method = client.forward if call.forward_only else client.forward_backward
+                return chain(method(call.data, call.loss_fn, call.loss_fn_config), wire.encode_forward_backward_output)
 
-        return sequenced(request, call.model_id, call.seq_id, job)
+            return sequenced(request, call.model_id, call.seq_id, job)
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request) -> JSONResponse:
-        req = wire.parse_json(types.OptimStepRequest, await request.body())
-        if not isinstance(req.optim_params, types.AdamParams):
-            raise wire.BadRequest(f"optim_params type {getattr(req.optim_params, 'type', '?')!r}: rlvr takes "
-                                  "AdamParams only")
-        return sequenced(request, req.model_id, req.seq_id,
-                         lambda e: chain(state.trainer(e).optim_step(req.optim_params), lambda r: r))
+        body = await request.body()
+        with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
+            req = wire.parse_json(types.OptimStepRequest, body)
+            if not isinstance(req.optim_params, types.AdamParams):
+                raise wire.BadRequest(f"optim_params type {getattr(req.optim_params, 'type', '?')!r}: rlvr takes "
+                                      "AdamParams only")
+            return sequenced(request, req.model_id, req.seq_id,
+                             lambda e: chain(state.trainer(e).optim_step(req.optim_params), lambda r: r))
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> JSONResponse:
-        req = wire.parse_json(types.SaveWeightsRequest, await request.body())
-        name = req.path or f"state-{req.seq_id}"
-        return sequenced(request, req.model_id, req.seq_id, lambda e: chain(
-            state.trainer(e).save_state(name), lambda r: types.SaveWeightsResponse(path=wire.to_wire_path(r.path))))
+        body = await request.body()
+        with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
+            req = wire.parse_json(types.SaveWeightsRequest, body)
+            name = req.path or f"state-{req.seq_id}"
+            return sequenced(request, req.model_id, req.seq_id, lambda e: chain(
+                state.trainer(e).save_state(name),
+                lambda r: types.SaveWeightsResponse(path=wire.to_wire_path(r.path))))
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> JSONResponse:
-        req = wire.parse_json(types.SaveWeightsForSamplerRequest, await request.body())
-        if req.kind != "snapshot":
-            raise wire.BadRequest(f"kind={req.kind!r}: rlvr serves snapshot sampling clients only; use "
-                                  "kind='snapshot'")
-        if req.path is None and req.sampling_session_seq_id is None:
-            raise wire.BadRequest("save_weights_for_sampler needs path (a checkpoint name) or sampling_session_seq_id")
-        session = state.session(state.model(req.model_id, owner(request)).session_id, owner(request))
+        body = await request.body()
+        with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
+            req = wire.parse_json(types.SaveWeightsForSamplerRequest, body)
+            if req.kind != "snapshot":
+                raise wire.BadRequest(f"kind={req.kind!r}: rlvr serves snapshot sampling clients only; use "
+                                      "kind='snapshot'")
+            if req.path is None and req.sampling_session_seq_id is None:
+                raise wire.BadRequest("save_weights_for_sampler needs path (a checkpoint name) or "
+                                      "sampling_session_seq_id")
+            session = state.session(state.model(req.model_id, owner(request)).session_id, owner(request))
 
-        def job(entry: Any) -> Future:
-            client = state.trainer(entry)
-            if req.path is not None:
-                return chain(client.save_weights_for_sampler(req.path),
-                             lambda r: types.SaveWeightsForSamplerResponseInternal(path=wire.to_wire_path(r.path)))
-            sampler = client.save_weights_and_get_sampling_client()
-            added = state.add_sampler(session, req.sampling_session_seq_id, sampler, client.get_info().model_name,
-                                      sampler.model_path)
-            return done(types.SaveWeightsForSamplerResponseInternal(sampling_session_id=added.sampler_id))
+            def job(entry: Any) -> Future:
+                client = state.trainer(entry)
+                if req.path is not None:
+                    return chain(client.save_weights_for_sampler(req.path),
+                                 lambda r: types.SaveWeightsForSamplerResponseInternal(path=wire.to_wire_path(r.path)))
+                sampler = client.save_weights_and_get_sampling_client()
+                added = state.add_sampler(session, req.sampling_session_seq_id, sampler, client.get_info().model_name,
+                                          sampler.model_path)
+                return done(types.SaveWeightsForSamplerResponseInternal(sampling_session_id=added.sampler_id))
 
-        return sequenced(request, req.model_id, req.seq_id, job)
+            return sequenced(request, req.model_id, req.seq_id, job)
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> JSONResponse:
-        req = wire.parse_json(types.LoadWeightsRequest, await request.body())
-        if req.session_id is not None:  # Create-via-load: a new model whose first request is this load.
-            if req.model_seq_id is None:
-                raise wire.BadRequest("load_weights with session_id needs model_seq_id")
-            session = state.session(req.session_id, owner(request))
-            entry = state.add_model(session, req.model_seq_id, req.base_model, req.user_metadata)
+        body = await request.body()
+        with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
+            req = wire.parse_json(types.LoadWeightsRequest, body)
+            if req.session_id is not None:  # Create-via-load: a new model whose first request is this load.
+                if req.model_seq_id is None:
+                    raise wire.BadRequest("load_weights with session_id needs model_seq_id")
+                session = state.session(req.session_id, owner(request))
+                entry = state.add_model(session, req.model_seq_id, req.base_model, req.user_metadata)
 
-            def create(entry: Any = entry) -> Future:
-                make = (state.service.create_training_client_from_state_with_optimizer if req.optimizer
-                        else state.service.create_training_client_from_state)
-                state.bind(entry, make(req.path))
-                return done(types.LoadWeightsResponse(path=req.path, model_id=entry.model_id))
+                def create(entry: Any = entry) -> Future:
+                    make = (state.service.create_training_client_from_state_with_optimizer if req.optimizer
+                            else state.service.create_training_client_from_state)
+                    state.bind(entry, make(req.path))
+                    return done(types.LoadWeightsResponse(path=req.path, model_id=entry.model_id))
 
-            request_id, future = entry.sequencer.submit(0, state.futures.new_id(), create)
-            assert future is not None
-            state.futures.put(request_id, owner(request), future)
-            return accepted(request_id, entry.model_id)
-        if req.model_id is None:
-            raise wire.BadRequest("load_weights needs model_id (and seq_id), or session_id and model_seq_id")
+                request_id, future = entry.sequencer.submit(0, state.futures.new_id(), create)
+                assert future is not None
+                state.futures.put(request_id, owner(request), future)
+                return accepted(request_id, entry.model_id)
+            if req.model_id is None:
+                raise wire.BadRequest("load_weights needs model_id (and seq_id), or session_id and model_seq_id")
 
-        def job(entry: Any) -> Future:
-            client = state.trainer(entry)
-            method = client.load_state_with_optimizer if req.optimizer else client.load_state
-            return chain(method(req.path), lambda r: types.LoadWeightsResponse(path=req.path, model_id=entry.model_id))
+            def job(entry: Any) -> Future:
+                client = state.trainer(entry)
+                method = client.load_state_with_optimizer if req.optimizer else client.load_state
+                return chain(method(req.path),
+                             lambda r: types.LoadWeightsResponse(path=req.path, model_id=entry.model_id))
 
-        return sequenced(request, req.model_id, req.seq_id, job)
+            return sequenced(request, req.model_id, req.seq_id, job)
 
     # -- sampling ---------------------------------------------------------------------------------------------------
 
@@ -353,6 +383,17 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         return wire.json_body(types.CheckpointsListResponse(
             checkpoints=found[offset:offset + max(limit, 0)],
             cursor=types.Cursor(offset=offset, limit=limit, total_count=len(found))))
+
+    # -- everything else --------------------------------------------------------------------------------------------
+
+    @app.api_route("/api/v1/{name:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def not_served(name: str, request: Request) -> Response:
+        # Registered last, so it only sees what no route above takes. SDK calls rlvr does not implement (such as
+        # save_weights_external) still carry a seq_id, which must be freed like any other refusal's.
+        body = await request.body()
+        with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
+            raise UnknownId(f"rlvr serve does not implement {request.method} /api/v1/{name}; the tinker SDK call "
+                            "behind it is not supported")
 
     return app
 

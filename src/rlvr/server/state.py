@@ -2,7 +2,8 @@
 
 * ``Sequencer`` -- runs one model's requests in ``seq_id`` order, one at a time, whatever order they arrive in
   (the SDK sends the chunks of one forward_backward concurrently). A retried request (same ``seq_id``) gets the
-  same future back; a gap that stays open for ``gap_timeout_s`` is skipped so one lost request cannot wedge a model.
+  same future back; a request refused before it was queued frees its ``seq_id`` at once (``refuse``); a gap that
+  stays open for ``gap_timeout_s`` is skipped so one lost request cannot wedge a model.
 * ``FutureStore`` -- request id -> concurrent future of a wire-ready result, kept for ``ttl_s`` after completion.
 * ``ServerState`` -- the registries, keyed by the ids the SDK uses (``{session}:train:{n}``, ``{session}:sample:{n}``),
   each owned by the principal (API key digest) that created it; another key's ids read as unknown.
@@ -32,8 +33,8 @@ from tinker import types
 
 import rlvr
 
-__all__ = ["Catalog", "FutureStore", "Gone", "ModelEntry", "SamplerEntry", "Sequencer", "ServerState", "Session",
-           "UnknownId", "chain", "done"]
+__all__ = ["Catalog", "FutureStore", "Gone", "ModelEntry", "SamplerEntry", "SeqIdRefused", "Sequencer", "ServerState",
+           "Session", "UnknownId", "chain", "done"]
 
 log = logging.getLogger("rlvr.server")
 
@@ -47,6 +48,10 @@ class UnknownId(LookupError):
 
 class Gone(LookupError):
     """A session that has finished (410)."""
+
+
+class SeqIdRefused(ValueError):
+    """A request reusing the ``seq_id`` of a request this model refused earlier (400): that number is spent."""
 
 
 def done(value: Any) -> Future[Any]:
@@ -71,42 +76,73 @@ def chain(source: Any, convert: Callable[[Any], Any]) -> Future[Any]:
     return out
 
 
+@dataclass(frozen=True)
+class _Refused:
+    """The mark a refused request leaves on its ``seq_id``: why it was refused."""
+
+    reason: str
+
+
 class Sequencer:
-    """Runs the jobs of one model strictly one after another, in ``seq_id`` order."""
+    """Runs the jobs of one model strictly one after another, in ``seq_id`` order.
+
+    Each ``seq_id`` is taken once: by a job (``submit``), or by a refusal (``refuse``) that counts as done at once.
+    The SDK numbers a model's requests itself and does not resend one the server refused with a 4xx, so without the
+    refusal its number would stay a gap until ``gap_timeout_s`` and stall every request behind it.
+    """
 
     def __init__(self, pool: ThreadPoolExecutor, first_seq: int = 1, gap_timeout_s: float = 10.0) -> None:
         self._pool = pool
         self._lock = threading.Lock()
         self._next = first_seq
+        """The seq_id whose turn it is: each lower one has run, been refused, or been skipped as lost."""
         self._waiting: dict[int, tuple[Job, Future[Any]]] = {}
-        self._seen: dict[int, str] = {}
+        self._seen: dict[int, str | _Refused] = {}
+        """seq_id -> the request id that took it, or its refusal."""
         self._busy = False
         self._gap_timeout_s = gap_timeout_s
         self._gap_timer: threading.Timer | None = None
 
     def submit(self, seq_id: int, request_id: str, job: Job) -> tuple[str, Future[Any] | None]:
-        """Queue ``job`` as ``seq_id``; returns (request id, its future), or (earlier request id, None) for a repeat."""
+        """Queue ``job`` as ``seq_id``; returns (request id, its future), or (earlier request id, None) for a repeat.
+
+        Raises ``SeqIdRefused`` when ``seq_id`` belongs to a request refused earlier."""
         with self._lock:
-            if seq_id in self._seen:
-                return self._seen[seq_id], None
+            seen = self._seen.get(seq_id)
+            if isinstance(seen, _Refused):
+                raise SeqIdRefused(f"seq_id {seq_id} belongs to a request this model refused earlier ({seen.reason}); "
+                                   "a seq_id is used once, so make the call again: the SDK gives it a new seq_id")
+            if seen is not None:
+                return seen, None
             self._seen[seq_id] = request_id
             future: Future[Any] = Future()
             self._waiting[seq_id] = (job, future)
         self._pump()
         return request_id, future
 
+    def refuse(self, seq_id: int, reason: str) -> None:
+        """Count ``seq_id`` as done without running anything: its request was refused before it was queued, for
+        ``reason``. Requests after it no longer wait for it, and a later request with this seq_id is refused too.
+        A seq_id a job already took keeps its job."""
+        with self._lock:
+            if seq_id in self._seen:
+                return
+            self._seen[seq_id] = _Refused(reason)
+        self._pump()
+
     def _pump(self) -> None:
         with self._lock:
+            while isinstance(self._seen.get(self._next), _Refused):
+                self._next += 1
             if self._busy or not self._waiting:
                 return
-            if self._next not in self._waiting:
-                if min(self._waiting) < self._next:  # Arrived after its gap was skipped: run it next.
-                    self._next = min(self._waiting)
-                else:
-                    self._arm_gap_timer()
-                    return
-            job, future = self._waiting.pop(self._next)
-            self._next += 1
+            first = min(self._waiting)
+            if first > self._next:  # a gap: wait for the missing request, at most gap_timeout_s
+                self._arm_gap_timer()
+                return
+            # first == next, or first < next: it arrived after its gap was skipped; run it, and keep next where it is
+            job, future = self._waiting.pop(first)
+            self._next = max(self._next, first + 1)
             self._busy = True
             if self._gap_timer is not None:  # the gap it waited on is closed; a later gap gets a full timeout
                 self._gap_timer.cancel()
@@ -149,7 +185,7 @@ class Sequencer:
             if timer is not self._gap_timer:  # fired as its gap closed: not this gap's timer
                 return
             self._gap_timer = None
-            if self._waiting and self._next not in self._waiting and not self._busy:
+            if self._waiting and min(self._waiting) > self._next and not self._busy:
                 log.warning("seq_id %d never arrived; running seq_id %d next", self._next, min(self._waiting))
                 self._next = min(self._waiting)
         self._pump()

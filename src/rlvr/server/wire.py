@@ -6,6 +6,8 @@ the SDK writes (``tinker.proto.request_conv``) and writes what it reads (``tinke
 * ``decode_forward_backward`` -- a ``/forward_backward`` body (protobuf, optionally zstd) into rlvr call arguments.
 * ``encode_forward_backward_output`` / ``encode_sample_response`` -- results into protobuf bytes.
 * ``parse_json`` -- a JSON body into a ``tinker.types`` request model, with a 400-ready message on failure.
+* ``json_position`` / ``proto_position`` -- the (model_id, seq_id) a body states, read leniently, so a request
+  refused as malformed can still free its seq_id.
 * ``to_wire_path`` -- rlvr checkpoint paths into the ``tinker://`` form the SDK insists on.
 
 Not here: HTTP routing (``app.py``), which request runs when (``state.py``), any model math (``rlvr.engine``).
@@ -32,7 +34,9 @@ __all__ = [
     "decompress",
     "encode_forward_backward_output",
     "encode_sample_response",
+    "json_position",
     "parse_json",
+    "proto_position",
     "to_wire_path",
 ]
 
@@ -111,6 +115,33 @@ def parse_json(model: type[M], body: bytes) -> M:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']} "
                              f"(got {_short(e.get('input'))})" for e in exc.errors()[:5])
         raise BadRequest(f"{model.__name__}: {problems}") from exc
+
+
+def json_position(body: bytes) -> tuple[str, int] | None:
+    """``(model_id, seq_id)`` as a JSON request body states them, whatever else is wrong with it; None when the body
+    is not a JSON object with a string ``model_id`` and an integer ``seq_id``."""
+    try:
+        raw = json.loads(body or b"null")
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+        return None
+    return _position(raw.get("model_id"), raw.get("seq_id")) if isinstance(raw, dict) else None
+
+
+def proto_position(body: bytes) -> tuple[str, int] | None:
+    """``(model_id, seq_id)`` of a ``ForwardBackwardRequest`` protobuf, whatever else is wrong with its contents; None
+    when the body does not parse or names no model."""
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except (DecodeError, RuntimeError):
+        return None
+    return _position(msg.model_id, msg.seq_id)
+
+
+def _position(model_id: Any, seq_id: Any) -> tuple[str, int] | None:
+    if isinstance(model_id, str) and model_id and isinstance(seq_id, int) and not isinstance(seq_id, bool):
+        return model_id, seq_id
+    return None
 
 
 def decode_forward_backward(body: bytes) -> FwdBwdCall:
