@@ -1,172 +1,283 @@
-"""Rollout logs: what each step asked, what the model answered and how that was scored, as JSONL and one HTML page.
+"""Rollouts: a step's groups sampled and scored, from a problem source or from an env dataset.
 
-    log = RolloutLog(run_dir)
-    log.write(step, [{"problem_id": "gsm8k/train/17", "prompt": "...", "response": "...", "reward": 1.0,
-                      "advantage": 0.5, "parts": {"correct": 1.0, "format": 1.0}, "failure": None}, ...])
+    rollouts = ProblemRollouts(source, runner, tokenizer, config)        # or EnvRollouts(dataset, tokenizer, config)
+    parts = rollouts.start(step, sampler, params, parts=1)             # requests in flight, nothing awaited
+    rollout = rollouts.collect(parts[0])                               # answers, scored: a Rollout
 
-Each call writes ``RUN_DIR/rollouts/step-000001.jsonl`` (one record a line, in the order given) and regenerates
-``RUN_DIR/rollouts/index.html``: one static page, no JavaScript, every text HTML-escaped, newest step first, the last
-``keep_html`` steps as tables of prompt / response / reward / advantage with rows coloured by the reward's sign and
-each step linking its JSONL file. Both files are written to a temporary file and renamed into place, so a reader or
-a crash never sees half of one; a resumed run that repeats a step replaces that step's file.
+The training loops (``loop.py``) see only this interface: ``start`` sends a step's sampling requests without
+waiting (split into ``parts`` when the loop streams minibatches), ``collect`` waits for one part and scores it,
+``held_out`` is the greedy evaluation, ``probe`` the tokens the loop checks the sampler's freshness on.
 
-Not here: token ids or logprobs, search and filtering, pruning old JSONL files (all are kept; the page shows the
-last ``keep_html`` steps), per-problem histories across steps.
+- :class:`ProblemRollouts`: ``problems_per_step`` problems of a ``ProblemSource`` per step (the curriculum stage
+  of the step narrows them), ``group_size`` answers each, scored in killable reward workers: a reward that hangs
+  or raises is counted and its trajectory carries NaN, never a silent 0.
+- :class:`EnvRollouts`: a batch of an ``envs.RLDataset`` per step, played turn by turn in a thread (so later steps'
+  envs can play while the loop trains); the envs score themselves.
+
+Not here: advantages and datums (``advantages.py``, ``datums.py``, ``envs.trajectory_datums``), training.
 """
 
 from __future__ import annotations
 
-import html
-import itertools
 import math
-import re
-from pathlib import Path
-from typing import Any, TypedDict
+import time
+from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
+from rlvr import types
 from rlvr.errors import ConfigurationError
-from rlvr.fileio import jsonl_line, read_jsonl, write_atomic
+from rlvr.rewards import RewardItem, RewardRunner
+from rlvr.rewards.runner import BatchScores
+from rlvr.rl.config import LoopConfig
+from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, rollout_groups
+from rlvr.tasks.base import Problem, ProblemSource, select
+
+__all__ = ["EnvRollouts", "ProblemRollouts", "Rollout", "Rollouts", "check_env_dataset", "curriculum_problems",
+           "evaluate_problems"]
 
 
-class RolloutRecord(TypedDict):
-    """One sampled answer and its score, as written to the step's JSONL file."""
+@dataclass
+class Rollout:
+    """Rollouts of some groups, scored: what the rest of the step trains on and logs."""
 
-    problem_id: str
-    """The problem's stable id (``Problem.id``)."""
-    prompt: str
-    """The prompt as the model saw it (decoded prompt tokens), or the question text."""
-    response: str
-    """The decoded answer."""
-    reward: float | None
-    """Its reward; None where scoring failed (see ``failure``)."""
-    advantage: float | None
-    """Its advantage; None where its group was not trained on (a failed reward in the group)."""
-    parts: dict[str, float | None]
-    """A composite reward's parts by name (``correct``, ``format``); empty for a plain reward."""
-    failure: str | None
-    """Why scoring failed (each failed reward call's kind and message); None when it was scored."""
-
-
-FIELDS = tuple(RolloutRecord.__annotations__)
-_STEP_FILE = re.compile(r"^step-(\d+)\.jsonl$")
-_HTML_MAX_CHARS = 4000  # per prompt or response on the page; the JSONL keeps all of it
+    trajectories: list[list[Trajectory]]
+    """Per group, its trajectories."""
+    rewards: list[list[float | None]]
+    """Per group, each trajectory's reward (None: scoring failed, and the group is not trained on)."""
+    records: list[dict[str, Any]]
+    """Rollout-log records, one per trajectory in group order, without their advantage."""
+    sampled_tokens: int
+    """Tokens sampled in all."""
+    reward_s: float
+    """Seconds spent scoring (for envs: in their ``step`` calls)."""
+    scores: BatchScores | None = None
+    """Problem rollouts: the reward runner's scores, one per answer in group order."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Env rollouts: their ``env/all/...`` metrics."""
 
 
-class RolloutLog:
-    """``RUN_DIR/rollouts``: one JSONL file per step and an ``index.html`` of the last ``keep_html`` steps."""
+class Rollouts(ABC):
+    """Where a loop's rollouts come from: started without waiting, collected scored."""
 
-    def __init__(self, run_dir: str | Path, keep_html: int = 20) -> None:
-        if keep_html < 1:
-            raise ConfigurationError(f"keep_html={keep_html}: the page needs at least 1 step")
-        self.folder = Path(run_dir) / "rollouts"
-        self.keep_html = keep_html
+    @abstractmethod
+    def start(self, step: int, sampler: Any, params: types.SamplingParams, parts: int = 1) -> list[Any]:
+        """Send ``step``'s sampling requests with ``sampler``; returns ``parts`` pending parts, in order."""
 
-    def path(self, step: int) -> Path:
-        """The JSONL file of ``step``."""
-        return self.folder / f"step-{step:06d}.jsonl"
+    @abstractmethod
+    def collect(self, pending: Any) -> Rollout:
+        """Wait for one pending part and score it."""
 
-    def write(self, step: int, records: list[RolloutRecord] | list[dict[str, Any]]) -> Path:
-        """Write ``step``'s records and regenerate ``index.html``; returns the JSONL path."""
-        if step < 0:
-            raise ConfigurationError(f"step={step}: rollout steps start at 0")
-        for i, record in enumerate(records):
-            missing = [f for f in FIELDS if f not in record]
-            if missing:
-                raise ConfigurationError(f"rollout record {i} of step {step} lacks {missing}; a record has {FIELDS}")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path(step), b"".join(jsonl_line({f: record[f] for f in FIELDS}) for record in records))
-        write_atomic(self.folder / "index.html", self.render(), errors="replace")
-        return self.path(step)
+    @abstractmethod
+    def metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """``env/all/...`` over all of a step's rollouts."""
 
-    def steps(self) -> list[int]:
-        """The steps written so far, in order."""
-        if not self.folder.is_dir():
-            return []
-        found = (_STEP_FILE.match(p.name) for p in self.folder.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+    @abstractmethod
+    def held_out(self, sampler: Any) -> dict[str, float]:
+        """Greedy evaluation on held-out problems or groups (empty: there are none)."""
 
-    def read(self, step: int) -> list[dict[str, Any]]:
-        """``step``'s records as written."""
-        return read_jsonl(self.path(step))
+    @abstractmethod
+    def probe(self) -> list[int]:
+        """Tokens whose logprobs the loop compares between sampler and trainer."""
 
-    def render(self) -> str:
-        """The HTML page of the last ``keep_html`` steps, newest first."""
-        steps = self.steps()
-        shown = steps[-self.keep_html:][::-1]
-        title = f"Rollouts: {self.folder.parent.resolve().name}"
-        older = len(steps) - len(shown)
-        intro = (f"{len(shown)} of {len(steps)} steps, newest first"
-                 + (f"; the {older} older ones are only in this folder's step-NNNNNN.jsonl files" if older else "")
-                 + ". Rows: green reward &gt; 0, red &lt; 0, grey 0, amber failed to score.")
-        nav = " ".join(f'<a href="#step-{s:06d}">{s}</a>' for s in shown)
-        body = "\n".join(_section(s, self.path(s).name, self.read(s)) for s in shown)
-        return (f"<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-                f"<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-                f"<h1>{_esc(title)}</h1>\n<p>{intro}</p>\n<p>Steps: {nav}</p>\n{body}\n</body>\n</html>\n")
+    def step_metrics(self, step: int) -> dict[str, float]:
+        """Numbers about what ``step`` trains on (the curriculum stage); none by default."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027  nothing to release unless a subclass holds threads
+        """Release what ``start`` holds (threads)."""
 
 
-# The page
+# -- problem sources ----------------------------------------------------------------------------------------------
 
 
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-table { border-collapse: collapse; width: 100%; margin-bottom: 2em; }
-th, td { border: 1px solid #ccc; padding: 4px 6px; vertical-align: top; text-align: left; }
-th { background: #f0f0f0; }
-td.text { white-space: pre-wrap; overflow-wrap: anywhere; font-family: ui-monospace, monospace; font-size: 90%; }
-td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
-tr.pos td.score { background: #dff3dc; } tr.neg td.score { background: #f8dcdc; }
-tr.zero td.score { background: #eee; } tr.failed td.score { background: #fdefc4; }
-.small { font-size: 85%; color: #555; }
-"""
+def curriculum_problems(problems: list[Problem], curriculum: dict[int, float], step: int) -> list[Problem]:
+    """The training problems of ``step``: those no harder than the curriculum stage it falls in (all without one)."""
+    if not curriculum:
+        return problems
+    max_difficulty = curriculum[max(s for s in curriculum if s <= step)]
+    chosen = select(problems, max_difficulty=max_difficulty)
+    if not chosen:
+        known = sorted({p.difficulty for p in problems if p.difficulty is not None})
+        raise ConfigurationError(f"curriculum: no training problem has difficulty <= {max_difficulty} (stage of "
+                                 f"step {step}); the source's difficulties are {known or 'not set'}")
+    return chosen
 
 
-def _esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+def evaluate_problems(sampling_client: Any, tokenizer: Any, source: ProblemSource, problems: list[Problem],
+                      runner: RewardRunner, max_tokens: int) -> dict[str, float]:
+    """Greedy held-out evaluation: ``test/reward/mean`` and ``test/correct`` (reward >= 1)."""
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    futures = [sampling_client.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), 1, params)
+               for p in problems]
+    responses = [tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True) for f in futures]
+    scores = runner.score([RewardItem(p.question, r, p.reward_meta()) for p, r in zip(problems, responses,
+                                                                                      strict=True)])
+    values = [s for s in scores.scores if s is not None]
+    return {**scores.metrics("test/reward"), "test/correct": sum(v >= 1.0 for v in values) / max(len(values), 1)}
 
 
-def _clip(text: str) -> str:
-    if len(text) <= _HTML_MAX_CHARS:
-        return _esc(text)
-    return _esc(text[:_HTML_MAX_CHARS]) + f'<span class="small"> … {len(text) - _HTML_MAX_CHARS} more characters</span>'
+@dataclass
+class _PendingProblems:
+    problems: list[Problem]
+    prompts: list[list[int]]
+    futures: list[Any]
 
 
-def _number(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return "—"
-    return f"{value:+.3f}" if signed else f"{value:.3g}"
+class ProblemRollouts(Rollouts):
+    """``problems_per_step`` problems of a source per step, ``group_size`` answers each, scored by ``runner``."""
+
+    def __init__(self, source: ProblemSource, runner: RewardRunner, tokenizer: Any, config: LoopConfig) -> None:
+        self.source, self.runner, self.tokenizer, self.config = source, runner, tokenizer, config
+        self.train_problems = source.problems("train", shuffle=True, seed=config.seed)
+        self.test_problems = source.problems(source.eval_split(), limit=config.eval_problems)
+        for stage in config.curriculum:  # an empty stage is a config error now, not at its step
+            curriculum_problems(self.train_problems, config.curriculum, stage)
+
+    def start(self, step: int, sampler: Any, params: types.SamplingParams, parts: int = 1) -> list[Any]:
+        pool = curriculum_problems(self.train_problems, self.config.curriculum, step)
+        first = step * self.config.problems_per_step
+        problems = [pool[(first + i) % len(pool)] for i in range(self.config.problems_per_step)]
+        return [self._send(problems[i * len(problems) // parts:(i + 1) * len(problems) // parts], sampler, params)
+                for i in range(parts)]
+
+    def _send(self, problems: list[Problem], sampler: Any, params: types.SamplingParams) -> _PendingProblems:
+        prompts = [self.source.render_ids(p, self.tokenizer) for p in problems]
+        futures = [sampler.sample(types.ModelInput.from_ints(p), self.config.group_size, params) for p in prompts]
+        return _PendingProblems(problems, prompts, futures)
+
+    def collect(self, pending: _PendingProblems) -> Rollout:
+        groups = [f.result().sequences for f in pending.futures]
+        t_reward = time.time()
+        items = [RewardItem(p.question, self.tokenizer.decode(s.tokens, skip_special_tokens=True), p.reward_meta())
+                 for p, seqs in zip(pending.problems, groups, strict=True) for s in seqs]
+        scores = self.runner.score(items)
+        G = len(groups[0])
+        trajectories = [[Trajectory([Transition(prompt, list(s.tokens), list(s.logprobs),
+                                                _reward(scores.scores[g * G + i]))])
+                         for i, s in enumerate(seqs)]
+                        for g, (prompt, seqs) in enumerate(zip(pending.prompts, groups, strict=True))]
+        failures: dict[int, list[str]] = {}
+        for failure in scores.failures:
+            failures.setdefault(failure.index, []).append(f"{failure.reward} {failure.kind}: {failure.message}")
+        prompt_texts = [self.tokenizer.decode(p) for p in pending.prompts]
+        records = [{"problem_id": pending.problems[i // G].id, "prompt": prompt_texts[i // G],
+                    "response": item.response, "reward": scores.scores[i],
+                    "parts": {name: values[i] for name, values in scores.parts.items()},
+                    "failure": "; ".join(failures[i]) if i in failures else None}
+                   for i, item in enumerate(items)]
+        rewards = [scores.scores[g * G:(g + 1) * G] for g in range(len(groups))]
+        sampled = sum(len(s.tokens) for seqs in groups for s in seqs)
+        return Rollout(trajectories, rewards, records, sampled, time.time() - t_reward, scores)
+
+    def metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
+        scores = BatchScores.concat([r.scores for r in rollouts])
+        metrics = scores.metrics("env/all/reward")
+        scored = [v for v in scores.scores if v is not None]
+        for part in ("correct", "format"):  # the parts of format_correct, or: solved = full reward
+            values = [v for v in scores.parts.get(part, []) if v is not None]
+            if values:
+                metrics[f"env/all/{part}"] = sum(values) / len(values)
+        metrics.setdefault("env/all/correct", sum(v >= 1.0 for v in scored) / max(len(scored), 1))
+        metrics["env/all/ac_tokens_per_turn"] = sum(r.sampled_tokens for r in rollouts) / len(scores.scores)
+        return metrics
+
+    def held_out(self, sampler: Any) -> dict[str, float]:
+        return evaluate_problems(sampler, self.tokenizer, self.source, self.test_problems, self.runner,
+                                 self.config.max_tokens)
+
+    def probe(self) -> list[int]:
+        return self.source.render_ids(self.train_problems[0], self.tokenizer)[:16]
+
+    def step_metrics(self, step: int) -> dict[str, float]:
+        if not self.config.curriculum:
+            return {}
+        pool = curriculum_problems(self.train_problems, self.config.curriculum, step)
+        return {"curriculum/max_difficulty": max(p.difficulty for p in pool)}
 
 
-def _sign(record: dict[str, Any]) -> str:
-    reward = record["reward"]
-    if reward is None or record["failure"] or not math.isfinite(reward):
-        return "failed"
-    return "pos" if reward > 0 else "neg" if reward < 0 else "zero"
+def _reward(score: float | None) -> float:
+    """A trajectory's reward: the score, or NaN where scoring failed (never a silent 0; such groups are not trained
+    on, and the failure is counted in ``env/all/reward/errors:sum`` and ``by_group/frac_failed``)."""
+    return math.nan if score is None else score
 
 
-def _section(step: int, filename: str, records: list[dict[str, Any]]) -> str:
-    """One step: a heading with its summary and JSONL link, then a table; a group's prompt spans its rows."""
-    rewards = [r["reward"] for r in records if r["reward"] is not None and math.isfinite(r["reward"])]
-    failed = sum(_sign(r) == "failed" for r in records)
-    mean = f"mean reward {sum(rewards) / len(rewards):.3g}" if rewards else "no reward scored"
-    rows = []
-    for (problem_id, prompt), group in itertools.groupby(records, key=lambda r: (r["problem_id"], r["prompt"])):
-        group_records = list(group)
-        for j, record in enumerate(group_records):
-            first = (f'<td rowspan="{len(group_records)}">{_esc(problem_id)}</td>'
-                     f'<td class="text" rowspan="{len(group_records)}">{_clip(prompt)}</td>') if j == 0 else ""
-            rows.append(f'<tr class="{_sign(record)}">{first}{_cells(record)}</tr>')
-    return (f'<section id="step-{step:06d}">\n<h2>Step {step} <span class="small">{len(records)} rollouts, {mean}, '
-            f'{failed} failed · <a href="{_esc(filename)}">{_esc(filename)}</a></span></h2>\n<table>\n'
-            "<thead><tr><th>problem</th><th>prompt</th><th>response</th><th>reward</th><th>advantage</th></tr></thead>"
-            "\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>\n</section>")
+# -- env datasets -------------------------------------------------------------------------------------------------
 
 
-def _cells(record: dict[str, Any]) -> str:
-    """Response, reward (with its parts and any failure underneath) and advantage."""
-    notes = [f"{_esc(name)} {_number(value)}" for name, value in record["parts"].items()]
-    if record["failure"]:
-        notes.append(f"failed: {_clip(record['failure'])}")
-    note = f'<div class="small">{"<br>".join(notes)}</div>' if notes else ""
-    return (f'<td class="text">{_clip(record["response"])}</td>'
-            f'<td class="num score">{_number(record["reward"])}{note}</td>'
-            f'<td class="num">{_number(record["advantage"], signed=True)}</td>')
+class EnvRollouts(Rollouts):
+    """A batch of an env dataset per step, played in a thread (batches in step order); the envs score themselves."""
+
+    def __init__(self, dataset: RLDataset, tokenizer: Any, config: LoopConfig) -> None:
+        check_env_dataset(config, dataset)
+        self.dataset, self.tokenizer, self.config = dataset, tokenizer, config
+        self.test_groups = list(dataset.test_groups())
+        self._threads = ThreadPoolExecutor(1, thread_name_prefix="rlvr-env-rollouts")
+
+    def start(self, step: int, sampler: Any, params: types.SamplingParams, parts: int = 1) -> list[Future]:
+        builders = self.dataset.get_batch(step % len(self.dataset))
+        return [self._threads.submit(self._play, builders, sampler, params)]
+
+    def collect(self, pending: Future) -> Rollout:
+        return pending.result()
+
+    def _play(self, builders: Any, sampler: Any, params: types.SamplingParams) -> Rollout:
+        """Every env of the step's groups played to the end (or ``max_turns``); rewards are the envs' own."""
+        timing: dict[str, float] = {}
+        max_turns = self.config.max_turns
+        groups = rollout_groups(sampler, builders, params, max_turns=max_turns, seed=params.seed, timing=timing)
+        trajectories = [g.trajectories for g in groups]
+        rewards: list[list[float | None]] = [list(g.total_rewards()) for g in groups]
+        flat = [r for rewards_G in rewards for r in rewards_G]
+        turns = [t for group in trajectories for trajectory in group for t in trajectory.transitions]
+        sampled = sum(len(t.action) for t in turns)
+        metrics = {"env/all/reward/mean": sum(flat) / len(flat),
+                   "env/all/correct": sum(r >= 1.0 for r in flat) / len(flat),
+                   "env/all/turns": len(turns) / len(flat), "env/all/ac_tokens_per_turn": sampled / len(turns),
+                   "env/all/unfinished": sum(not t.finished for g in trajectories for t in g) / len(flat)}
+        for key in sorted({k for t in turns for k in t.metrics}):  # the envs' own numbers, averaged over turns
+            values = [t.metrics[key] for t in turns if key in t.metrics]
+            metrics[f"env/all/{key}"] = sum(values) / len(values)
+        records = [{"problem_id": f"{type(builder).__name__}[{b}]", "response": self._conversation(t),
+                    "prompt": self.tokenizer.decode(t.transitions[0].observation), "reward": r, "parts": {},
+                    "failure": None if t.finished else f"cut at max_turns={max_turns}"}
+                   for b, (builder, group, rewards_G) in enumerate(zip(builders, groups, rewards, strict=True))
+                   for t, r in zip(group.trajectories, rewards_G, strict=True)]
+        return Rollout(trajectories, rewards, records, sampled, timing["env"], metrics=metrics)
+
+    def _conversation(self, trajectory: Trajectory) -> str:
+        """What followed the first observation: the actions and the env's replies, as text."""
+        first, last = trajectory.transitions[0], trajectory.transitions[-1]
+        full = last.observation + last.action
+        if full[:len(first.observation)] == first.observation:
+            return self.tokenizer.decode(full[len(first.observation):])
+        return "\n---\n".join(self.tokenizer.decode(t.action) for t in trajectory.transitions)
+
+    def metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
+        return rollouts[0].metrics  # one rollout per step, with its own metrics
+
+    def held_out(self, sampler: Any) -> dict[str, float]:
+        if not self.test_groups:
+            return {}
+        return evaluate_envs(sampler, self.test_groups, self.config.max_tokens, self.config.max_turns)
+
+    def probe(self) -> list[int]:
+        return list(self.dataset.get_batch(0)[0].make_envs()[0].initial_observation())[:16]
+
+    def close(self) -> None:
+        self._threads.shutdown()
+
+
+def check_env_dataset(config: LoopConfig, dataset: RLDataset) -> None:
+    """What the loop cannot do with envs, refused before any work."""
+    if len(dataset) < 1:
+        raise ConfigurationError(f"{type(dataset).__name__} has no batches; an env dataset needs at least one")
+    if config.curriculum:
+        raise ConfigurationError("curriculum applies to problem sources; an env dataset orders its own batches")
+    if config.stream_minibatches:
+        raise ConfigurationError("stream_minibatches applies to problem sources; an env dataset's groups are played "
+                                 "turn by turn together (use max_steps_off_policy to overlap them with training)")
+    if config.distributed.backend != "local":
+        raise ConfigurationError("distributed.backend='ray' takes problem sources; envs run in this process")
+

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from rlvr.errors import ConfigurationError
-from rlvr.rl.rollouts import RolloutLog
+from rlvr.rl.rollout_log import RolloutLog
 
 
 def record(problem_id="arith/1", prompt="2+2=", response="4", reward=1.0, advantage=0.5, parts=None, failure=None):
