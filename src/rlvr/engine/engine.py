@@ -32,10 +32,11 @@ from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.losses import resolve_loss
 from rlvr.engine.models import canonical_name, load_base_model
 from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
-from rlvr.engine.packed import base_precision
+from rlvr.engine.packed import supported_precision
 from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
 from rlvr.engine.sampler import SampleJob, resolve_params, sample_batch
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
+from rlvr.precision import base_precision
 
 SAMPLE_GATHER_S = 0.002  # a sampling batch waits until requests stop arriving for this long (see _drain_samples)
 
@@ -104,7 +105,7 @@ class Engine:
 
     def __init__(self, max_tokens_per_microbatch: int = 4096, max_sample_rows: int = 128,
                  precision: str | None = None) -> None:
-        self.precision = base_precision(precision)  # float32, or bfloat16 base matmuls (``packed.base_precision``)
+        self.precision = supported_precision(precision)  # float32, or bfloat16 base matmuls (``rlvr.precision``)
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self.max_sample_rows = max_sample_rows
         self._pending: list[_PendingSample] = []
@@ -118,8 +119,8 @@ class Engine:
     @classmethod
     def default(cls, precision: str | None = None) -> Engine:
         """The process-wide engine that ServiceClients share, so each base model is loaded once. ``precision``
-        (``packed.base_precision``; None: ``RLVR_PRECISION`` or float32) is the one it is created with; asked for
-        again once it exists, it must be the one it has (a process holds one engine: torch work on two threads of
+        (``rlvr.precision.base_precision``; None: ``RLVR_PRECISION`` or float32) is the one it is created with; asked
+        for again once it exists, it must be the one it has (a process holds one engine: torch work on two threads of
         one process runs a third slower)."""
         with cls._default_lock:
             if cls._default is None:

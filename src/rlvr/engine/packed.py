@@ -28,9 +28,10 @@ are different trajectories, not a biased and an unbiased one.
 
 ``precision="bfloat16"`` (``Engine(precision=...)`` or ``RLVR_PRECISION``; float32 is the default) packs the frozen
 weights in bfloat16 instead, for oneDNN's bfloat16 kernel (AMX on a recent Xeon: ~2 TFLOP/s on 2 cores at 64 rows,
-against ~0.35 for float32), in the trainer and the sampler alike; see ``base_precision`` for what it costs. (oneDNN's
-float32 kernel with bfloat16 inputs but float32 results, ``torch.backends.mkldnn.matmul.fp32_precision="bf16"``,
-was measured too: half the bfloat16 kernel's rate, and the sampler and trainer still differ by 0.009 per token.)
+against ~0.35 for float32), in the trainer and the sampler alike; see ``rlvr.precision.base_precision`` for what it
+costs. (oneDNN's float32 kernel with bfloat16 inputs but float32 results,
+``torch.backends.mkldnn.matmul.fp32_precision="bf16"``, was measured too: half the bfloat16 kernel's rate, and the
+sampler and trainer still differ by 0.009 per token.)
 
 Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer's forward and
 backward (``pack_frozen_linears`` gives every frozen ``nn.Linear`` of a model a packed weight and its packed
@@ -49,30 +50,16 @@ import torch.nn.functional as F
 
 from rlvr.engine import amx_linear
 from rlvr.errors import ConfigurationError
+from rlvr.precision import base_precision
 
 PACK_MAX_BYTES = 2**30  # pack only models whose float32 linear weights fit in this (each pack is one more copy)
 _CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
 
 
-PRECISIONS = ("float32", "bfloat16")
-
-
-def base_precision(precision: str | None = None) -> str:
-    """What frozen base weights are multiplied in: ``precision`` if given, else ``RLVR_PRECISION``, else float32.
-
-    - ``"float32"``: float32 throughout, except the sampler's decode products on a CPU with AMX (three bfloat16
-      products each, ~16 bits: see the module docstring); the sampler's logprobs equal the trainer's to ~1e-5 per
-      token (6.6e-6 with float32 products, 1.6e-5 with AMX's, on SmolLM2; tested within 1e-3).
-    - ``"bfloat16"``: every frozen base matmul (trainer and sampler alike) takes bfloat16 inputs and weights on
-      oneDNN (AMX where the CPU has it: ~6x float32's rate on a Xeon) and rounds its result to bfloat16; the residual
-      stream, norms, attention, LoRA and logits stay float32. Faster, and the sampler and the trainer then agree only
-      to bfloat16 rounding (tiny differences in the order of sums flip roundings, which grow through the layers):
-      mean |sampler - trainer| logprob ~0.03 per token on SmolLM2, as with vLLM in bfloat16 beside a trainer.
-    """
-    chosen = precision or os.environ.get("RLVR_PRECISION") or "float32"
-    if chosen not in PRECISIONS:
-        source = "precision" if precision else "RLVR_PRECISION"
-        raise ConfigurationError(f"{source}={chosen!r}: choose one of {list(PRECISIONS)}")
+def supported_precision(precision: str | None = None) -> str:
+    """``rlvr.precision.base_precision``'s choice, refused where this machine cannot multiply in it (bfloat16 needs
+    oneDNN's bfloat16 matmul): what an engine is created with."""
+    chosen = base_precision(precision)
     if chosen == "bfloat16" and not bfloat16_supported():
         raise ConfigurationError("precision bfloat16 needs oneDNN's bfloat16 matmul, which this torch or CPU lacks; "
                                  "use float32")

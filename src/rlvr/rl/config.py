@@ -27,8 +27,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from rlvr.errors import ConfigurationError
-
-PRECISIONS = ("float32", "bfloat16")  # those of ``rlvr.engine.packed`` (not imported: this module stays torch-free)
+from rlvr.precision import PRECISIONS
 
 
 @dataclass

@@ -33,8 +33,8 @@ from typing import Any
 import rlvr
 from rlvr import types
 from rlvr.engine import Engine
-from rlvr.engine.packed import base_precision
 from rlvr.errors import ConfigurationError, SamplingError
+from rlvr.precision import base_precision
 from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rewards.runner import BatchScores
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
