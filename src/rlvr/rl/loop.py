@@ -32,7 +32,6 @@ from typing import Any
 
 import rlvr
 from rlvr import types
-from rlvr.engine import Engine
 from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.precision import base_precision
 from rlvr.rewards import RewardItem, RewardRunner
@@ -437,7 +436,7 @@ def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: s
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (envs score
     themselves: no runner). Their engines multiply in ``precision``."""
     if isinstance(source, RLDataset):
-        return rlvr.ServiceClient(Engine.default(precision)), None
+        return rlvr.ServiceClient(precision=precision), None
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
@@ -445,7 +444,7 @@ def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: s
             _check_vllm_arithmetic(config, precision)
         return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed,
                            precision=precision)
-    return rlvr.ServiceClient(Engine.default(precision)), RewardRunner(source.reward(), timeout=config.reward_timeout)
+    return rlvr.ServiceClient(precision=precision), RewardRunner(source.reward(), timeout=config.reward_timeout)
 
 
 def _check_vllm_arithmetic(config: LoopConfig, precision: str) -> None:

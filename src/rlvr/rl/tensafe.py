@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rlvr
-from rlvr.engine.lora import LORA_ALPHA
+from rlvr.client import LORA_ALPHA
 from rlvr.errors import ConfigurationError
 from rlvr.rewards import register_reward, resolve_reward
 from rlvr.rl.algorithms import (
