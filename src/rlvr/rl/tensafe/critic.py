@@ -10,7 +10,7 @@ It is fitted to the returns by gradient steps on the mean squared error. ``value
 loss in its combined objective) scales those steps: the critic shares no parameters with the policy, so that
 weight acts on the critic alone.
 
-Not here: the advantages themselves (``advantages.gae``), PPO (``algorithms.py``).
+Not here: the advantages themselves (``rlvr.rl.advantages.gae``), PPO (``algorithms.py``).
 """
 
 from __future__ import annotations
