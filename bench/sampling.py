@@ -44,7 +44,8 @@ import rlvr
 from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.models import load_base_model
-from rlvr.engine.packed import PRECISIONS, bfloat16_supported, chosen_kind
+from rlvr.engine.packed import bfloat16_supported, chosen_kind
+from rlvr.precision import PRECISIONS
 
 
 def matmul_flops(dtype: torch.dtype = torch.float32) -> float:

@@ -12,6 +12,9 @@ is safe. ``*_async`` variants are coroutines returning the same futures. Client 
 model loads in well under a second once cached); the returned client also answers ``.result()`` and ``await`` with
 itself, as code written for SDK >= 0.38 (where creation returns a future) expects.
 
+``LORA_ALPHA`` is every adapter's LoRA alpha (an update is scaled by alpha / rank), exported here so that the RL
+layer, which drives only this API, need not import the engine.
+
 Not here: model math (``rlvr.engine``).
 """
 
@@ -27,10 +30,11 @@ from tinker.lib.public_interfaces.api_future import APIFuture
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
-from rlvr.engine.lora import LoraSpec
+from rlvr.engine.lora import LORA_ALPHA, LoraSpec
 from rlvr.errors import ConfigurationError
+from rlvr.precision import base_precision
 
-__all__ = ["SamplingClient", "ServiceClient", "TrainingClient"]
+__all__ = ["LORA_ALPHA", "SamplingClient", "ServiceClient", "TrainingClient"]
 
 
 class _SelfFuture:
@@ -49,13 +53,16 @@ class _SelfFuture:
 class ServiceClient:
     """Entry point: creates training and sampling clients on the local engine.
 
-    >>> service_client = rlvr.ServiceClient()
+    >>> service_client = rlvr.ServiceClient()  # or ServiceClient(precision="bfloat16")
     >>> training_client = service_client.create_lora_training_client(base_model="tiny", rank=8)
     """
 
-    def __init__(self, engine: Engine | None = None, **_ignored: Any) -> None:
-        # Tinker's ServiceClient takes api_key / base_url; they mean nothing in-process and are ignored.
-        self.engine = engine or Engine.default()
+    def __init__(self, engine: Engine | None = None, *, precision: str | None = None, **_ignored: Any) -> None:
+        """Clients on the process's shared engine, whose frozen base matmuls multiply in ``precision`` (``"float32"``
+        or ``"bfloat16"``; None: ``$RLVR_PRECISION``, else float32; see ``rlvr.precision``), or on ``engine``, an
+        engine of your own. Tinker's ``api_key``, ``base_url`` and other connection settings mean nothing in-process
+        and are ignored."""
+        self.engine = _engine(engine, precision)
 
     def create_lora_training_client(
         self,
@@ -266,6 +273,18 @@ class SamplingClient(_SelfFuture):
 
     def get_base_model(self) -> str:
         return self._handle.host.base.name
+
+
+def _engine(engine: Engine | None, precision: str | None) -> Engine:
+    """The engine a ServiceClient runs on: ``engine`` when given (and then ``precision``, if given, must be its own),
+    else the process's shared one in ``precision``."""
+    if engine is None:
+        return Engine.default(precision)
+    if precision is not None and base_precision(precision) != engine.precision:
+        raise ConfigurationError(f"ServiceClient(engine=..., precision={precision!r}): that engine multiplies in "
+                                 f"{engine.precision}; leave precision unset, or pass an engine created with "
+                                 f"Engine(precision={precision!r})")
+    return engine
 
 
 def _dict(config: Mapping[str, float] | None) -> dict[str, float] | None:

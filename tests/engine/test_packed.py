@@ -99,6 +99,14 @@ def test_precision_is_float32_unless_asked_and_checked(monkeypatch):
     assert packed.base_precision("float32") == "float32"  # an explicit choice wins over the environment
 
 
+def test_an_engine_refuses_a_precision_this_machine_lacks(monkeypatch):
+    # rlvr.precision only knows the names; whether the CPU can multiply in bfloat16 is the engine's to check.
+    monkeypatch.setattr(packed, "bfloat16_supported", lambda: False)
+    assert packed.supported_precision("float32") == "float32"
+    with pytest.raises(ConfigurationError, match="bfloat16 needs oneDNN's bfloat16 matmul"):
+        Engine(precision="bfloat16")
+
+
 def test_the_shared_engine_keeps_its_precision(monkeypatch):
     # One engine per process: asking it for another precision once it exists is an error, not a silent switch.
     monkeypatch.setattr(Engine, "_default", None)

@@ -311,17 +311,16 @@ def test_requests_submitted_back_to_back_decode_as_one_batch(monkeypatch):
     import time
 
     import rlvr
-    from rlvr.engine import Engine
-    from rlvr.engine import engine as engine_module
+    from rlvr.engine import Engine, sample_queue
 
     batches = []
-    real = engine_module.sample_batch
+    real = sample_queue.sample_batch
 
     def spy(model, jobs, *args, **kwargs):
         batches.append(sum(job.num_samples for job in jobs))
         return real(model, jobs, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "sample_batch", spy)
+    monkeypatch.setattr(sample_queue, "sample_batch", spy)
     sampler = rlvr.ServiceClient(Engine()).create_sampling_client(base_model="tiny")
     sampler.sample(types.ModelInput.from_ints([1]), 1, types.SamplingParams(max_tokens=1)).result()  # load
     batches.clear()

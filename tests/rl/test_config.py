@@ -64,9 +64,9 @@ def test_bad_config_names_the_key(overrides, named):
 
 
 def test_precision_choices_are_the_engines():
-    from rlvr.engine.packed import PRECISIONS as ENGINE_PRECISIONS  # the config module may not import torch
+    from rlvr import precision  # the one list, torch-free, which the engine reads too
 
-    assert PRECISIONS == ENGINE_PRECISIONS
+    assert PRECISIONS is precision.PRECISIONS
 
 
 def test_bad_config_file(tmp_path):

@@ -312,7 +312,8 @@ def test_failing_auxiliary_outputs_are_counted_and_training_goes_on(tmp_path, mo
 
 def test_step_metrics_cover_every_minibatch(tmp_path):
     # Streamed in two parts with one optim_step after both, a step trains on the same datums with the same weights
-    # as the synchronous step: its loss (a sum) must be the whole step's, not the last part's. With two substeps, the grad norm is reported per optimizer step as a mean and a max.
+    # as the synchronous step: its loss (a sum) must be the whole step's, not the last part's. With two substeps,
+    # the grad norm is reported per optimizer step as a mean and a max.
     extra = {"loss_fn": "cispo", "problems_per_step": 4}  # cispo: a loss far from 0; two groups per part
     train(config(tmp_path / "sync", steps=2, out=str(tmp_path / "sync" / "run"), **extra), SayA())
     train(config(tmp_path / "stream", steps=2, out=str(tmp_path / "stream" / "run"), stream_minibatches=2, **extra),

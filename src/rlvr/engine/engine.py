@@ -7,7 +7,8 @@ both were submitted before either was awaited, and an adapter switch can never r
 Each base model is loaded once per process and shared: every training client is one LoRA adapter on it, and every
 sampler snapshot is one more frozen adapter (see ``lora.py``).
 
-Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``losses.py``), sampling (``sampler.py``).
+Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``losses.py``), sampling (``sampler.py``)
+and the batching of sampling requests (``sample_queue.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import itertools
 import secrets
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,12 +32,12 @@ from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.losses import resolve_loss
 from rlvr.engine.models import canonical_name, load_base_model
 from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
-from rlvr.engine.packed import base_precision
+from rlvr.engine.packed import supported_precision
 from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
-from rlvr.engine.sampler import SampleJob, resolve_params, sample_batch
+from rlvr.engine.sample_queue import SampleQueue
+from rlvr.engine.sampler import SampleJob, resolve_params
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
-
-SAMPLE_GATHER_S = 0.002  # a sampling batch waits until requests stop arriving for this long (see _drain_samples)
+from rlvr.precision import base_precision
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
@@ -73,29 +73,6 @@ class SamplerHandle:
     """Draws the seed of each request that brings none."""
 
 
-@dataclass
-class _PendingSample:
-    """A sampling request waiting for the next batched decode."""
-
-    handle: SamplerHandle
-    job: SampleJob
-    include_prompt_logprobs: bool
-    future: Future
-
-
-def _chunks(requests: list[_PendingSample], max_rows: int) -> list[list[_PendingSample]]:
-    """Consecutive runs of requests with at most ``max_rows`` samples in all (a bigger request runs alone)."""
-    chunks: list[list[_PendingSample]] = [[]]
-    rows = 0
-    for request in requests:
-        if chunks[-1] and rows + request.job.num_samples > max_rows:
-            chunks.append([])
-            rows = 0
-        chunks[-1].append(request)
-        rows += request.job.num_samples
-    return chunks
-
-
 class Engine:
     """Loads models and runs training and sampling requests, one at a time, on its own thread."""
 
@@ -104,12 +81,11 @@ class Engine:
 
     def __init__(self, max_tokens_per_microbatch: int = 4096, max_sample_rows: int = 128,
                  precision: str | None = None) -> None:
-        self.precision = base_precision(precision)  # float32, or bfloat16 base matmuls (``packed.base_precision``)
+        self.precision = supported_precision(precision)  # float32, or bfloat16 base matmuls (``rlvr.precision``)
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
-        self.max_sample_rows = max_sample_rows
-        self._pending: list[_PendingSample] = []
-        self._pending_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-engine")
+        self._samples = SampleQueue(self._executor, self._prompt_logprobs, max_sample_rows)
+        self._rng_lock = threading.Lock()  # guards each SamplerHandle's rng (callers' threads draw request seeds)
         self._hosts: dict[str, AdapterHost] = {}
         self._names = itertools.count()
         self._snapshots: dict[str, tuple[AdapterHost, str]] = {}  # sampler path -> adapter holding it
@@ -118,8 +94,8 @@ class Engine:
     @classmethod
     def default(cls, precision: str | None = None) -> Engine:
         """The process-wide engine that ServiceClients share, so each base model is loaded once. ``precision``
-        (``packed.base_precision``; None: ``RLVR_PRECISION`` or float32) is the one it is created with; asked for
-        again once it exists, it must be the one it has (a process holds one engine: torch work on two threads of
+        (``rlvr.precision.base_precision``; None: ``RLVR_PRECISION`` or float32) is the one it is created with; asked
+        for again once it exists, it must be the one it has (a process holds one engine: torch work on two threads of
         one process runs a third slower)."""
         with cls._default_lock:
             if cls._default is None:
@@ -130,6 +106,11 @@ class Engine:
                     f"{cls._default.precision} (earlier work in this process created it): run in a fresh process, "
                     f"or set RLVR_PRECISION={precision} before anything uses rlvr")
             return cls._default
+
+    @property
+    def max_sample_rows(self) -> int:
+        """The most samples one batched decode holds (a bigger request runs alone)."""
+        return self._samples.max_rows
 
     # -- running jobs ---------------------------------------------------------------------------------------------
 
@@ -343,10 +324,7 @@ class Engine:
         except Exception as exc:  # Bad requests fail on their own future, before joining any batch.
             future.set_exception(exc)
             return AwaitableConcurrentFuture(future)
-        with self._pending_lock:
-            self._pending.append(_PendingSample(handle, job, include_prompt_logprobs, future))
-        self._executor.submit(self._drain_samples)
-        return AwaitableConcurrentFuture(future)
+        return self._samples.submit(handle, job, include_prompt_logprobs)
 
     def _sample_job(self, handle: SamplerHandle, prompt: types.ModelInput, num_samples: int,
                     params: types.SamplingParams) -> SampleJob:
@@ -360,65 +338,9 @@ class Engine:
             raise SamplingError("prompt is empty; give at least one token")
         base = handle.host.base
         settings = resolve_params(params, len(tokens), _context_len(base.model), _eos_ids(base), vocab_size)
-        with self._pending_lock:  # handle.rng is shared by every request of one client
+        with self._rng_lock:  # handle.rng is shared by every request of one client
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=handle.rng))
         return SampleJob(tokens, num_samples, settings, torch.Generator().manual_seed(seed))
-
-    def _drain_samples(self) -> None:
-        """Run every waiting sampling request, batched by the weights they sample from.
-
-        Requests submitted back to back (a loop over problems, each ``sample`` returning a future) should decode as
-        one batch, but the engine thread wakes on the first: so it first waits until no new request has arrived for
-        ``SAMPLE_GATHER_S`` (at most ten times that), which costs a few milliseconds against decode steps of 0.1 s.
-        """
-        deadline = time.monotonic() + 10 * SAMPLE_GATHER_S
-        seen = -1
-        while True:
-            with self._pending_lock:
-                waiting = len(self._pending)
-            if waiting == 0:
-                return
-            if waiting == seen or time.monotonic() > deadline:
-                break
-            seen = waiting
-            time.sleep(SAMPLE_GATHER_S)
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
-        groups: dict[tuple[int, str | None], list[_PendingSample]] = {}
-        for request in pending:
-            groups.setdefault((id(request.handle.host), request.handle.adapter), []).append(request)
-        for requests in groups.values():
-            for chunk in _chunks(requests, self.max_sample_rows):
-                self._run_sample_chunk(chunk)
-
-    def _run_sample_chunk(self, requests: list[_PendingSample]) -> None:
-        handle = requests[0].handle
-        base = handle.host.base
-        try:
-            with handle.host.active(handle.adapter) as model:
-                sequences = sample_batch(model, [r.job for r in requests],
-                                         lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False),
-                                         base.tokenizer.pad_token_id)
-                prompt_lps = [self._prompt_logprobs(model, r.job.prompt, base.tokenizer.pad_token_id)
-                              if r.include_prompt_logprobs else None
-                              for r in requests]
-        except BaseException as exc:
-            for request in requests:
-                request.future.set_exception(exc)
-            return
-        for request, seqs, lps in zip(requests, sequences, prompt_lps, strict=True):
-            request.future.set_result(types.SampleResponse(
-                sequences=[
-                    types.SampledSequence(
-                        stop_reason=s.stop_reason,  # type: ignore[arg-type]
-                        sequence_id=uuid.uuid4().hex,
-                        tokens_np=np.asarray(s.tokens, dtype=np.int32),
-                        logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
-                    )
-                    for s in seqs
-                ],
-                prompt_logprobs_np=lps,
-            ))
 
     def compute_logprobs(self, handle: SamplerHandle, prompt: types.ModelInput) -> list[float | None]:
         tokens = model_input_tokens(prompt, self._vocab_size(handle.host), "prompt")

@@ -22,9 +22,10 @@ projections fit in ``PACK_MAX_BYTES``) and the trainer (``pack_frozen_linears`` 
 packed weight and its packed transpose, so the forward product and the input gradient both run on oneDNN's kernel:
 float32 where timing picks it, bfloat16 when asked). The trainer never takes MKL's or the AMX kernel.
 
-Precision (``base_precision``): float32 by default. ``precision="bfloat16"`` (``Engine(precision=...)``, the
-``precision`` config key, or ``RLVR_PRECISION``) runs every frozen base matmul, trainer and sampler alike, on
-oneDNN's bfloat16 kernel; the sampler and the trainer then agree only to bfloat16 rounding.
+Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default.
+``precision="bfloat16"`` (``Engine(precision=...)``, the ``precision`` config key, or ``RLVR_PRECISION``) runs every
+frozen base matmul, trainer and sampler alike, on oneDNN's bfloat16 kernel; the sampler and the trainer then agree
+only to bfloat16 rounding.
 
 What each kind measured, what it costs in sampler/trainer agreement, and what was tried instead:
 docs/performance.md.
@@ -42,30 +43,16 @@ import torch.nn.functional as F
 
 from rlvr.engine import amx_linear
 from rlvr.errors import ConfigurationError
+from rlvr.precision import base_precision
 
 PACK_MAX_BYTES = 2**30  # pack only models whose float32 linear weights fit in this (each pack is one more copy)
 _CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
 
 
-PRECISIONS = ("float32", "bfloat16")
-
-
-def base_precision(precision: str | None = None) -> str:
-    """What frozen base weights are multiplied in: ``precision`` if given, else ``RLVR_PRECISION``, else float32.
-
-    - ``"float32"``: float32 throughout, except the sampler's decode products on a CPU with AMX (three bfloat16
-      products each, ~16 bits: see the module docstring); the sampler's logprobs equal the trainer's to ~1e-5 per
-      token (6.6e-6 with float32 products, 1.6e-5 with AMX's, on SmolLM2; tested within 1e-3).
-    - ``"bfloat16"``: every frozen base matmul (trainer and sampler alike) takes bfloat16 inputs and weights on
-      oneDNN (AMX where the CPU has it: ~6x float32's rate on a Xeon) and rounds its result to bfloat16; the residual
-      stream, norms, attention, LoRA and logits stay float32. Faster, and the sampler and the trainer then agree only
-      to bfloat16 rounding (tiny differences in the order of sums flip roundings, which grow through the layers):
-      mean |sampler - trainer| logprob ~0.03 per token on SmolLM2, as with vLLM in bfloat16 beside a trainer.
-    """
-    chosen = precision or os.environ.get("RLVR_PRECISION") or "float32"
-    if chosen not in PRECISIONS:
-        source = "precision" if precision else "RLVR_PRECISION"
-        raise ConfigurationError(f"{source}={chosen!r}: choose one of {list(PRECISIONS)}")
+def supported_precision(precision: str | None = None) -> str:
+    """``rlvr.precision.base_precision``'s choice, refused where this machine cannot multiply in it (bfloat16 needs
+    oneDNN's bfloat16 matmul): what an engine is created with."""
+    chosen = base_precision(precision)
     if chosen == "bfloat16" and not bfloat16_supported():
         raise ConfigurationError("precision bfloat16 needs oneDNN's bfloat16 matmul, which this torch or CPU lacks; "
                                  "use float32")

@@ -28,8 +28,7 @@ import yaml
 
 from rlvr.errors import ConfigurationError
 from rlvr.fileio import write_atomic
-
-PRECISIONS = ("float32", "bfloat16")  # those of ``rlvr.engine.packed`` (not imported: this module stays torch-free)
+from rlvr.precision import PRECISIONS
 
 
 @dataclass

@@ -53,7 +53,6 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     writes per-problem records to ``out`` (JSONL)."""
     import rlvr
     from rlvr import types
-    from rlvr.engine import Engine
     from rlvr.rewards import RewardItem, RewardRunner
     from rlvr.rl.run import build_source
 
@@ -64,7 +63,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         raise ConfigurationError(f"k={list(k)}: each k must be between 1 and num_samples={num_samples}")
     config = as_config(config)
     source = source or build_source(config)
-    service = rlvr.ServiceClient(Engine.default(config.precision))  # a run's recorded precision
+    service = rlvr.ServiceClient(precision=config.precision)  # a run's recorded precision
     if checkpoint is None:
         sampler = service.create_sampling_client(base_model=config.base_model)
         tokenizer = sampler.get_tokenizer()

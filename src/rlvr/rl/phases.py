@@ -30,9 +30,8 @@ from typing import Any
 
 import rlvr
 from rlvr import types
-from rlvr.engine import Engine
-from rlvr.engine.packed import base_precision
 from rlvr.errors import ConfigurationError, SamplingError
+from rlvr.precision import base_precision
 from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.auxiliary import AuxiliaryOutputs
@@ -316,7 +315,7 @@ def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: s
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (envs score
     themselves: no runner). Their engines multiply in ``precision``."""
     if isinstance(source, RLDataset):
-        return rlvr.ServiceClient(Engine.default(precision)), None
+        return rlvr.ServiceClient(precision=precision), None
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
@@ -324,7 +323,7 @@ def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: s
             check_vllm_arithmetic(config, precision)
         return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed,
                            precision=precision)
-    return rlvr.ServiceClient(Engine.default(precision)), RewardRunner(source.reward(), timeout=config.reward_timeout)
+    return rlvr.ServiceClient(precision=precision), RewardRunner(source.reward(), timeout=config.reward_timeout)
 
 
 def check_vllm_arithmetic(config: LoopConfig, precision: str) -> None:

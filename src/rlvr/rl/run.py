@@ -154,10 +154,9 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dic
 def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> str:
     """Supervised warm-up on the source's worked solutions; returns the state path RL starts from."""
     import rlvr
-    from rlvr.engine import Engine
     from rlvr.rl.sft import encode_pair, supervised_steps
 
-    service = rlvr.ServiceClient(Engine.default(config.precision))
+    service = rlvr.ServiceClient(precision=config.precision)
     training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
                                                           seed=config.seed)
     tokenizer = training_client.get_tokenizer()

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.errors import ConfigurationError
-from rlvr.rl.algorithms import (
+from rlvr.rl.tensafe.algorithms import (
     GRPO,
     PPO,
     REINFORCE,
@@ -18,7 +18,7 @@ from rlvr.rl.algorithms import (
     TrajectoryBatch,
 )
 
-SEEDS = Path(__file__).resolve().parents[3] / "shared" / "seeds"
+SEEDS = Path(__file__).resolve().parents[4] / "shared" / "seeds"
 
 
 def batch_of(rewards, groups=None):

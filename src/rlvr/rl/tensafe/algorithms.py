@@ -5,7 +5,7 @@ datums and train through the client API with the engine's built-in losses; ``get
 their small state (a running baseline) across checkpoints. ``MockRolloutSampler`` produces trajectories without a
 model, to test a pipeline.
 
-``entropy_coef > 0`` adds an entropy bonus through the advantages (``advantages.entropy_shaped``: each answer
+``entropy_coef > 0`` adds an entropy bonus through the advantages (``rlvr.rl.advantages.entropy_shaped``: each answer
 token's advantage gets ``-entropy_coef`` times the sampler logprobs of it and the tokens after it), which in
 expectation is the gradient of ``entropy_coef`` x the answers' entropy: the built-in losses only see the logprobs of
 the sampled tokens, so this is the estimator they can carry.
@@ -26,8 +26,8 @@ from typing import Any
 from rlvr import types
 from rlvr.errors import ConfigurationError
 from rlvr.rl.advantages import RunningBaseline, entropy_shaped, gae, group_advantages, returns_to_go
-from rlvr.rl.critic import LinearCritic
 from rlvr.rl.datums import rl_datum, sample_train_metrics
+from rlvr.rl.tensafe.critic import LinearCritic
 
 
 @dataclass

@@ -6,8 +6,11 @@ Such a script runs on rlvr by changing its imports to::
     from rlvr.rl.tensafe import MockRolloutSampler, PPO, PPOConfig, REINFORCE, REINFORCEConfig, TrajectoryBatch
     from rlvr.rl.tensafe import register_reward, resolve_reward
 
-This module only adapts names and call shapes; rlvr's own API is ``rlvr.ServiceClient`` (Tinker's) and
-``rlvr.rl.algorithms``. ``model_ref`` is any rlvr ``base_model`` ("tiny", "smollm2-135m", a path, a hub id).
+The package holds the cookbook's algorithm objects (``algorithms.py``: REINFORCE, PPO, GRPO, ``update(batch,
+training_client)``) and PPO's learned critic (``critic.py``); this module adapts names and call shapes
+(``TrainingConfig``, ``LoRAConfig``, ``Checkpoint``, a ServiceClient with ``create_training_client``). rlvr's own API
+is ``rlvr.ServiceClient`` (Tinker's) and the loops of ``rlvr.rl``. ``model_ref`` is any rlvr ``base_model`` ("tiny",
+"smollm2-135m", a path, a hub id).
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rlvr
-from rlvr.engine.lora import LORA_ALPHA
+from rlvr.client import LORA_ALPHA
 from rlvr.errors import ConfigurationError
 from rlvr.rewards import register_reward, resolve_reward
-from rlvr.rl.algorithms import (
+from rlvr.rl.tensafe.algorithms import (
     GRPO,
     PPO,
     REINFORCE,

@@ -10,7 +10,7 @@ It is fitted to the returns by gradient steps on the mean squared error. ``value
 loss in its combined objective) scales those steps: the critic shares no parameters with the policy, so that
 weight acts on the critic alone.
 
-Not here: the advantages themselves (``advantages.gae``), PPO (``algorithms.py``).
+Not here: the advantages themselves (``rlvr.rl.advantages.gae``), PPO (``algorithms.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
+import numpy as np
 
 BUCKETS = 256
 """Hash bins per token-frequency block."""
@@ -30,47 +30,49 @@ FIT_STEPS = 20
 
 
 class LinearCritic:
-    """V(s_t) = w . features(prompt, answer[:t]); see the module docstring."""
+    """V(s_t) = w . features(prompt, answer[:t]); see the module docstring. float64 numpy throughout."""
 
     def __init__(self, buckets: int = BUCKETS) -> None:
         self.buckets = buckets
-        self.weights = torch.zeros(2 * buckets + 2, dtype=torch.float64)
+        self.weights = np.zeros(2 * buckets + 2, dtype=np.float64)
 
-    def features(self, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> torch.Tensor:
+    def features(self, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> np.ndarray:
         """(T, 2 buckets + 2): one row per answer token t, describing the state before it."""
         B, T = self.buckets, len(response_tokens)
-        prompt = torch.bincount(torch.tensor(list(prompt_tokens)) % B, minlength=B).double()
+        prompt = np.bincount(np.asarray(prompt_tokens, dtype=np.int64) % B, minlength=B).astype(np.float64)
         prompt /= max(len(prompt_tokens), 1)
-        seen = torch.zeros(T, B, dtype=torch.float64)  # row t: counts of answer tokens before t
+        seen = np.zeros((T, B), dtype=np.float64)  # row t: counts of answer tokens before t
         if T > 1:
-            hot = torch.nn.functional.one_hot(torch.tensor(list(response_tokens[:-1])) % B, B).double()
+            hot = np.zeros((T - 1, B), dtype=np.float64)  # one-hot rows of the answer tokens before the last
+            hot[np.arange(T - 1), np.asarray(response_tokens[:-1], dtype=np.int64) % B] = 1.0
             seen[1:] = hot.cumsum(0)
-        steps = torch.arange(T, dtype=torch.float64)
-        seen /= steps.clamp(min=1)[:, None]
-        return torch.cat([prompt.expand(T, B), seen, (torch.log1p(steps) / 8)[:, None],
-                          torch.ones(T, 1, dtype=torch.float64)], dim=1)
+        steps = np.arange(T, dtype=np.float64)
+        seen /= np.maximum(steps, 1)[:, None]
+        return np.concatenate([np.broadcast_to(prompt, (T, B)), seen, (np.log1p(steps) / 8)[:, None],
+                               np.ones((T, 1), dtype=np.float64)], axis=1)
 
     def values(self, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> list[float]:
         """V(s_t) for every answer token t."""
         return self.predict(self.features(prompt_tokens, response_tokens))
 
-    def predict(self, features: torch.Tensor) -> list[float]:
+    def predict(self, features: np.ndarray) -> list[float]:
         """V(s_t) for each row of ``features`` (from ``features``)."""
         return (features @ self.weights).tolist()
 
-    def fit(self, features: Sequence[torch.Tensor], targets: Sequence[Sequence[float]], value_coef: float,
+    def fit(self, features: Sequence[np.ndarray], targets: Sequence[Sequence[float]], value_coef: float,
             steps: int = FIT_STEPS) -> float:
         """Move the values of episodes (their ``features``) towards ``targets`` (one per answer token); returns the
         mean squared error before the fit (the value loss)."""
-        x = torch.cat(list(features))
-        y = torch.tensor([v for t in targets for v in t], dtype=torch.float64)
+        x = np.concatenate(list(features))
+        y = np.asarray([v for t in targets for v in t], dtype=np.float64)
         if len(y) != len(x):
             raise ValueError(f"{len(y)} value targets for {len(x)} answer tokens")
         loss = float(((x @ self.weights - y) ** 2).mean())
-        for _ in range(steps):
-            error = x @ self.weights - y
-            self.weights -= STEP_SIZE * value_coef * 2 * (x.T @ error) / len(y)
-        if not math.isfinite(float(self.weights.abs().max())):
+        with np.errstate(over="ignore", invalid="ignore"):  # divergence is raised below, not warned about per step
+            for _ in range(steps):
+                error = x @ self.weights - y
+                self.weights -= STEP_SIZE * value_coef * 2 * (x.T @ error) / len(y)
+        if not math.isfinite(float(np.abs(self.weights).max())):
             raise FloatingPointError("the critic's weights diverged; lower value_coef")
         return loss
 
@@ -80,5 +82,5 @@ class LinearCritic:
     @classmethod
     def from_state(cls, state: dict) -> LinearCritic:
         critic = cls(state["buckets"])
-        critic.weights = torch.tensor(state["weights"], dtype=torch.float64)
+        critic.weights = np.asarray(state["weights"], dtype=np.float64)
         return critic

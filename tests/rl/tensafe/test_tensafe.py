@@ -9,7 +9,7 @@ import pytest
 from rlvr.errors import ConfigurationError
 from rlvr.rl.tensafe import LoRAConfig, ServiceClient, TrainingConfig
 
-SEEDS = Path(__file__).resolve().parents[3] / "shared" / "seeds"
+SEEDS = Path(__file__).resolve().parents[4] / "shared" / "seeds"
 
 
 def complete_script() -> str:

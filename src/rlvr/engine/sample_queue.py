@@ -1,0 +1,134 @@
+"""The sampling request queue: SamplingClient requests wait here until the engine thread decodes them in batches.
+
+Requests submitted back to back (a loop over problems, each ``sample`` returning a future) should decode as one
+batch, but the engine thread wakes on the first: so ``drain`` first waits until no new request has arrived for
+``SAMPLE_GATHER_S`` (at most ten times that), which costs a few milliseconds against decode steps of 0.1 s. It then
+groups the waiting requests by the weights they sample from (base model and adapter) and decodes each group in
+consecutive chunks of at most ``max_rows`` samples (``sampler.sample_batch``), settling every request's future with
+its SampleResponse, or with the error its chunk's decode raised.
+
+The Engine owns one queue and runs ``drain`` on its own thread, behind whatever jobs were queued before.
+
+Not here: checking a request and drawing its seed (``Engine.submit_sample``), the decode itself (``sampler.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from tinker import types
+from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
+
+from rlvr.engine.sampler import SampleJob, sample_batch
+
+if TYPE_CHECKING:
+    from rlvr.engine.engine import SamplerHandle
+
+SAMPLE_GATHER_S = 0.002  # a sampling batch waits until requests stop arriving for this long (see SampleQueue.drain)
+
+PromptLogprobs = Callable[[torch.nn.Module, list[int], int], np.ndarray]
+"""``(model, tokens, pad_id) -> (T,)`` log p(token_i | tokens_<i), NaN at 0: ``Engine._prompt_logprobs``."""
+
+
+@dataclass
+class _PendingSample:
+    """A sampling request waiting for the next batched decode."""
+
+    handle: SamplerHandle
+    job: SampleJob
+    include_prompt_logprobs: bool
+    future: Future
+
+
+def _chunks(requests: list[_PendingSample], max_rows: int) -> list[list[_PendingSample]]:
+    """Consecutive runs of requests with at most ``max_rows`` samples in all (a bigger request runs alone)."""
+    chunks: list[list[_PendingSample]] = [[]]
+    rows = 0
+    for request in requests:
+        if chunks[-1] and rows + request.job.num_samples > max_rows:
+            chunks.append([])
+            rows = 0
+        chunks[-1].append(request)
+        rows += request.job.num_samples
+    return chunks
+
+
+class SampleQueue:
+    """Sampling requests waiting for the engine thread (``executor``), decoded in batches of at most ``max_rows``
+    samples; ``prompt_logprobs`` computes a prompt's logprobs for requests that ask for them."""
+
+    def __init__(self, executor: Executor, prompt_logprobs: PromptLogprobs, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._executor = executor
+        self._prompt_logprobs = prompt_logprobs
+        self._pending: list[_PendingSample] = []
+        self._lock = threading.Lock()
+
+    def submit(self, handle: SamplerHandle, job: SampleJob, include_prompt_logprobs: bool
+               ) -> AwaitableConcurrentFuture:
+        """Queue a checked request and wake the engine thread; a future of its SampleResponse."""
+        future: Future = Future()
+        with self._lock:
+            self._pending.append(_PendingSample(handle, job, include_prompt_logprobs, future))
+        self._executor.submit(self.drain)
+        return AwaitableConcurrentFuture(future)
+
+    def drain(self) -> None:
+        """Run every waiting request, batched by the weights they sample from (see the module docstring)."""
+        deadline = time.monotonic() + 10 * SAMPLE_GATHER_S
+        seen = -1
+        while True:
+            with self._lock:
+                waiting = len(self._pending)
+            if waiting == 0:
+                return
+            if waiting == seen or time.monotonic() > deadline:
+                break
+            seen = waiting
+            time.sleep(SAMPLE_GATHER_S)
+        with self._lock:
+            pending, self._pending = self._pending, []
+        groups: dict[tuple[int, str | None], list[_PendingSample]] = {}
+        for request in pending:
+            groups.setdefault((id(request.handle.host), request.handle.adapter), []).append(request)
+        for requests in groups.values():
+            for chunk in _chunks(requests, self.max_rows):
+                self._run_chunk(chunk)
+
+    def _run_chunk(self, requests: list[_PendingSample]) -> None:
+        """One batched decode of ``requests`` (all on the same weights); settles each one's future."""
+        handle = requests[0].handle
+        base = handle.host.base
+        try:
+            with handle.host.active(handle.adapter) as model:
+                sequences = sample_batch(model, [r.job for r in requests],
+                                         lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False),
+                                         base.tokenizer.pad_token_id)
+                prompt_lps = [self._prompt_logprobs(model, r.job.prompt, base.tokenizer.pad_token_id)
+                              if r.include_prompt_logprobs else None
+                              for r in requests]
+        except BaseException as exc:
+            for request in requests:
+                request.future.set_exception(exc)
+            return
+        for request, seqs, lps in zip(requests, sequences, prompt_lps, strict=True):
+            request.future.set_result(types.SampleResponse(
+                sequences=[
+                    types.SampledSequence(
+                        stop_reason=s.stop_reason,  # type: ignore[arg-type]
+                        sequence_id=uuid.uuid4().hex,
+                        tokens_np=np.asarray(s.tokens, dtype=np.int32),
+                        logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
+                    )
+                    for s in seqs
+                ],
+                prompt_logprobs_np=lps,
+            ))

@@ -1,0 +1,190 @@
+"""The layers of /work/shared/DESIGN.md hold: no module of ``rlvr`` imports what its layer must not.
+
+Every module under ``src/rlvr`` is parsed with ``ast`` (nothing is imported or run), and every import in it is an
+arrow: module-level or inside a function, class or ``if TYPE_CHECKING`` block, ``import x``, ``from x import y``
+(an arrow to ``x`` and to ``x.y``, which may be a module), relative imports resolved against the importing module,
+and ``importlib.import_module("x")`` with a literal name. An arrow is forbidden when ``RULES`` says its importer's
+layer must not reach its target (a prefix: ``torch`` covers ``torch.nn``). Arrows are direct: that ``rlvr.rl``
+uses ``rlvr.client``, which imports torch, is the design (the RL layer drives the client API).
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import rlvr
+
+SRC = Path(rlvr.__file__).parent  # the rlvr under test (the worktree's src, first on sys.path)
+
+ALL_BUT_RAY_HOMES = ("rlvr", ("rlvr.distributed", "rlvr.cli"))
+
+# importer (a prefix; with exemptions) | forbidden targets | where DESIGN.md says so
+RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
+    ("rlvr.rl", ("torch", "rlvr.engine"),
+     "packages: rl/ must not 'import torch or `rlvr.engine` (a test enforces it)'; 'the RL layer never touches "
+     "torch modules directly, only the client API'"),
+    ("rlvr.engine", ("rlvr.rewards", "rlvr.rl", "rlvr.server", "rlvr.tasks", "rlvr.sandbox", "rlvr.distributed"),
+     "packages: engine/ must not 'import rewards, envs, the server'; 'Arrows point down only. The engine knows "
+     "nothing of rewards or environments'"),
+    ("rlvr.sandbox", ("torch", "rlvr.rl", "rlvr.engine", "rlvr.server"),
+     "packages: sandbox/ must not 'import torch'; 'Arrows point down only'"),
+    ("rlvr.rewards", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.server"),
+     "packages: rewards/ holds the registry and grading (no model); 'The engine knows nothing of rewards', "
+     "'Arrows point down only'"),
+    ("rlvr.tasks", ("rlvr.engine", "rlvr.rl", "rlvr.server"),
+     "packages: tasks/ must not 'sample or train'; 'Arrows point down only'"),
+    ("rlvr.client", ("rlvr.rl", "rlvr.server", "rlvr.rewards"),
+     "diagram: rlvr.rl and rlvr.server sit above rlvr.client; 'Arrows point down only'"),
+    ("rlvr.precision", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
+     "packages: rl/ must not 'import torch': rlvr.precision is what rl/ and engine/ share, so it stays torch-free"),
+    (ALL_BUT_RAY_HOMES, ("ray", "vllm"),
+     "packages: distributed/ holds 'Ray actors ... vLLM sampler backend' and must not 'be required on a laptop'"),
+]
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """One import: ``module`` (defined in ``path``) imports ``targets`` at ``line``; ``from x import y`` gives the
+    targets ``x`` and ``x.y``."""
+
+    module: str
+    path: Path
+    line: int
+    targets: tuple[str, ...]
+
+
+def _module_name(path: Path, root: Path) -> tuple[str, bool]:
+    """The dotted name of the module in ``path`` under ``root`` (the folder holding the top package), and whether it
+    is a package (``__init__.py``)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute module a ``from ... import`` reads from, relative levels resolved against ``module``."""
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level - 1 >= len(package):
+        raise ValueError(f"{module}: relative import beyond the top package (level {node.level})")
+    anchor = package[:len(package) - (node.level - 1)]
+    return ".".join(anchor + ([node.module] if node.module else []))
+
+
+def arrows(package_dir: Path) -> Iterator[Arrow]:
+    """Every import of every module under ``package_dir`` (a top package such as ``src/rlvr``)."""
+    root = package_dir.parent
+    for path in sorted(package_dir.rglob("*.py")):
+        module, is_package = _module_name(path, root)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield Arrow(module, path, node.lineno, (alias.name,))
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_base(node, module, is_package)
+                yield Arrow(module, path, node.lineno,
+                            (base, *(f"{base}.{a.name}" for a in node.names if a.name != "*")))
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                    yield Arrow(module, path, node.lineno, (node.args[0].value,))
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(package_dir: Path) -> list[str]:
+    """One line per forbidden arrow: where it is, what it imports, and the rule it breaks."""
+    found = []
+    for arrow in arrows(package_dir):
+        for importer, forbidden, source in RULES:
+            layer, exempt = importer if isinstance(importer, tuple) else (importer, ())
+            if not _under(arrow.module, layer) or any(_under(arrow.module, e) for e in exempt):
+                continue
+            target = next((t for t in arrow.targets if any(_under(t, f) for f in forbidden)), None)
+            if target is not None:
+                where = arrow.path.relative_to(package_dir.parent)
+                found.append(f"{where}:{arrow.line}: {arrow.module} imports {target}, which {layer} must not "
+                             f"import{' (outside ' + ', '.join(exempt) + ')' if exempt else ''} [{source}]")
+    return found
+
+
+def test_rlvr_keeps_its_layers():
+    assert SRC.name == "rlvr" and (SRC / "engine").is_dir()
+    found = violations(SRC)
+    assert not found, "forbidden imports (DESIGN.md, 'Packages'):\n" + "\n".join(found)
+
+
+def test_every_module_is_read():
+    # The checker sees the layers it guards: a rule over an empty set of modules would pass vacuously.
+    modules = {arrow.module for arrow in arrows(SRC)}
+    for layer in ("rlvr.rl.loop", "rlvr.engine.engine", "rlvr.sandbox", "rlvr.rewards", "rlvr.tasks", "rlvr.client",
+                  "rlvr.server", "rlvr.distributed", "rlvr.rl.tensafe.critic"):
+        assert any(_under(m, layer) for m in modules), layer
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root / "rlvr"
+
+
+def test_planted_forbidden_imports_are_caught(tmp_path):
+    package = _tree(tmp_path, {
+        "rlvr/__init__.py": "",
+        "rlvr/engine/__init__.py": "",
+        "rlvr/rl/__init__.py": "",
+        "rlvr/rl/loop.py": """\
+            import rlvr.client
+            from rlvr import types
+
+
+            def backend():
+                from ..engine import Engine  # relative, inside a function
+                return Engine
+            """,
+        "rlvr/rl/tensafe/__init__.py": "from .. import advantages\nfrom ...engine.lora import LORA_ALPHA\n",
+        "rlvr/engine/engine.py": "from rlvr import rewards\nfrom . import sampler\n",
+        "rlvr/sandbox/executor.py": """\
+            from typing import TYPE_CHECKING
+
+            if TYPE_CHECKING:
+                import torch.nn as nn
+            """,
+        "rlvr/tasks/__init__.py": '"""Docs may say: from rlvr.engine.tiny import build_tiny_tokenizer."""\n',
+        "rlvr/rewards/math.py": "import importlib\n\nmod = importlib.import_module('rlvr.rl.loop')\n",
+        "rlvr/client.py": "from rlvr.engine.engine import Engine\n",
+        "rlvr/server/app.py": "from vllm import LLM\n",
+        "rlvr/distributed/cluster.py": "import ray\nimport vllm\n",
+    })
+    found = violations(package)
+    assert [line.split(" [")[0] for line in found] == [
+        "rlvr/engine/engine.py:1: rlvr.engine.engine imports rlvr.rewards, which rlvr.engine must not import",
+        "rlvr/rewards/math.py:3: rlvr.rewards.math imports rlvr.rl.loop, which rlvr.rewards must not import",
+        "rlvr/rl/loop.py:6: rlvr.rl.loop imports rlvr.engine, which rlvr.rl must not import",
+        "rlvr/rl/tensafe/__init__.py:2: rlvr.rl.tensafe imports rlvr.engine.lora, which rlvr.rl must not import",
+        "rlvr/sandbox/executor.py:4: rlvr.sandbox.executor imports torch.nn, which rlvr.sandbox must not import",
+        "rlvr/server/app.py:1: rlvr.server.app imports vllm, which rlvr must not import (outside rlvr.distributed, "
+        "rlvr.cli)",
+    ]
+    assert found[0].endswith("'Arrows point down only. The engine knows nothing of rewards or environments']")
+
+
+def test_relative_imports_resolve_against_the_importer():
+    def base(code: str, module: str, is_package: bool) -> str:
+        return _from_base(ast.parse(code).body[0], module, is_package)
+
+    assert base("from . import x", "rlvr.rl.loop", False) == "rlvr.rl"
+    assert base("from . import x", "rlvr.rl", True) == "rlvr.rl"
+    assert base("from ..engine import x", "rlvr.rl.loop", False) == "rlvr.engine"
+    assert base("from ...engine.lora import x", "rlvr.rl.tensafe", True) == "rlvr.engine.lora"
+    assert base("from rlvr.engine import x", "rlvr.rl.loop", False) == "rlvr.engine"
