@@ -17,7 +17,7 @@ def _options_epilog() -> str:
     """Every config key with its type, default and meaning, for `rlvr train --help`."""
     from rlvr.rl.config import RECIPES, options
 
-    lines = [f"**Recipes**: {', '.join(RECIPES)} (each presets some of the keys below; see rlvr/rl/config.py).",
+    lines = [f"**Recipes**: {', '.join(RECIPES)} (each presets some of the keys below; see rlvr/rl/recipes.py).",
              "", "**Config keys** (YAML file or key=value; defaults before the recipe's presets):", ""]
     for key, kind, default, doc in options():
         lines.append(f"- `{key}` ({kind}, default `{default!r}`): {doc.replace('``', '`')}")

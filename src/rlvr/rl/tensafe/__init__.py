@@ -31,9 +31,12 @@ from rlvr.rl.tensafe.algorithms import (
     MockRolloutSampler,
     PPOConfig,
     REINFORCEConfig,
-    Trajectory,
+    ScoredAnswer,
     TrajectoryBatch,
 )
+
+Trajectory = ScoredAnswer
+"""TenSafe's name for one scored answer (``ScoredAnswer``; rlvr's own ``envs.Trajectory`` is an episode's turns)."""
 
 __all__ = [
     "GRPO",
@@ -45,6 +48,7 @@ __all__ = [
     "MockRolloutSampler",
     "PPOConfig",
     "REINFORCEConfig",
+    "ScoredAnswer",
     "ServiceClient",
     "TrainingConfig",
     "Trajectory",

@@ -31,7 +31,7 @@ from rlvr.rl.tensafe.critic import LinearCritic
 
 
 @dataclass
-class Trajectory:
+class ScoredAnswer:
     """One sampled answer and what it earned."""
 
     prompt: str
@@ -54,7 +54,7 @@ class Trajectory:
 class TrajectoryBatch:
     """A batch of trajectories with reward statistics."""
 
-    trajectories: list[Trajectory] = field(default_factory=list)
+    trajectories: list[ScoredAnswer] = field(default_factory=list)
     """The answers."""
 
     @property
@@ -65,13 +65,13 @@ class TrajectoryBatch:
     def std_reward(self) -> float:
         return statistics.pstdev(t.reward for t in self.trajectories) if len(self.trajectories) > 1 else 0.0
 
-    def __iter__(self) -> Iterator[Trajectory]:
+    def __iter__(self) -> Iterator[ScoredAnswer]:
         return iter(self.trajectories)
 
     def __len__(self) -> int:
         return len(self.trajectories)
 
-    def __getitem__(self, index: int) -> Trajectory:
+    def __getitem__(self, index: int) -> ScoredAnswer:
         return self.trajectories[index]
 
 
@@ -109,7 +109,7 @@ class MockRolloutSampler:
             for _ in range(group_size):
                 response = self.rng.choice(self.RESPONSES)
                 tokens = list(response.encode())[: self.max_new_tokens]
-                out.append(Trajectory(prompt, bytes(tokens).decode(errors="ignore"), list(prompt.encode()) or [32],
+                out.append(ScoredAnswer(prompt, bytes(tokens).decode(errors="ignore"), list(prompt.encode()) or [32],
                                       tokens, None, 0.0, g))
         return TrajectoryBatch(out)
 
