@@ -26,6 +26,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
 from transformers import PreTrainedTokenizerBase
 
+from rlvr.engine.device import resolve_device
 from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
 from rlvr.engine.lora import LoraSpec
 from rlvr.errors import ConfigurationError
@@ -51,11 +52,17 @@ class ServiceClient:
 
     >>> service_client = rlvr.ServiceClient()
     >>> training_client = service_client.create_lora_training_client(base_model="tiny", rank=8)
+
+    ``device``: where the process's engine computes, "auto" (a CUDA GPU when there is one), "cpu", "cuda" or
+    "cuda:N" (None: ``RLVR_DEVICE``, else "auto"); see ``rlvr.engine.device``.
     """
 
-    def __init__(self, engine: Engine | None = None, **_ignored: Any) -> None:
+    def __init__(self, engine: Engine | None = None, *, device: str | torch.device | None = None,
+                 **_ignored: Any) -> None:
         # Tinker's ServiceClient takes api_key / base_url; they mean nothing in-process and are ignored.
-        self.engine = engine or Engine.default()
+        if engine is not None and device is not None and resolve_device(device) != engine.device:
+            raise ConfigurationError(f"device={device!r}, but the engine given runs on {engine.device}: drop one")
+        self.engine = engine or Engine.default(device=device)
 
     def create_lora_training_client(
         self,

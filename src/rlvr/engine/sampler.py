@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 from tinker import types
 
-from rlvr.engine.decode import LlamaDecoder
 from rlvr.engine.kv_cache import GrowingCache, cache_kwargs, returned_cache
 from rlvr.errors import ConfigurationError
 
@@ -188,6 +187,8 @@ def sample_batch(
     for its samples. Every step decodes all live rows at once, and finished rows leave the batch. Decode steps run
     through ``LlamaDecoder`` when the model is one it supports (``fast=False`` forces Hugging Face's forward).
     """
+    from rlvr.engine.decode import LlamaDecoder  # the CPU kernels load on the CPU path only
+
     distinct = list(dict.fromkeys(tuple(job.prompt) for job in jobs))
     cache, attention_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id)
 
