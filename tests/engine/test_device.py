@@ -96,8 +96,8 @@ def test_precision_defaults_follow_the_device(fake_gpus, monkeypatch):
 def test_gpu_paths_settings_are_checked():
     with pytest.raises(ConfigurationError, match="GpuPaths.row_tokens must be a positive integer, got 0"):
         GpuPaths(row_tokens=0)
-    with pytest.raises(ConfigurationError, match="GpuPaths.logit_chunk"):
-        GpuPaths(logit_chunk=True)
+    with pytest.raises(ConfigurationError, match="GpuPaths.sync_every"):
+        GpuPaths(sync_every=True)
 
 
 def test_the_process_engine_keeps_its_device(no_gpu, monkeypatch):
@@ -148,12 +148,13 @@ def _train_and_sample(engine: Engine) -> None:
     tc.forward_backward([datum], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     sampler = tc.save_weights_and_get_sampling_client()
+    sampler.sample(types.ModelInput.from_ints([1, 2]), 2, types.SamplingParams(max_tokens=3)).result()
     sampler.compute_logprobs(types.ModelInput.from_ints([1, 2, 3])).result()
 
 
 def test_the_gpu_paths_never_import_the_cpu_kernels(monkeypatch):
     # What a CUDA engine runs, run on the CPU with the CPU kernels' modules unloaded and their import refused:
-    # creating the engine, training and prompt logprobs all work. The CPU paths do import them (the
+    # creating the engine, training, sampling and prompt logprobs all work. The CPU paths do import them (the
     # control: the refusal is seen).
     for name in CPU_KERNELS:
         monkeypatch.delitem(sys.modules, name, raising=False)

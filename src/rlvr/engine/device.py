@@ -6,15 +6,15 @@ trainer and sampler paths it takes.
 - ``resolve_precision``: on the CPU, ``packed.base_precision`` (float32 by default, bfloat16 matmuls on oneDNN on
   request); on CUDA the base weights are *stored* in bfloat16 by default (``"float32"`` on request), while LoRA
   weights, AdamW state, logits and logprobs stay float32.
-- ``GpuPaths``: the paths written for a GPU (the trainer on packed sequences with chunked logprobs) and their
-  settings. The engine takes them on CUDA; a CPU engine takes them when given one (that is how the CPU tests check
-  them). Without them, a CPU engine runs its own paths: the shared-prefix trainer (``prefix.py``) and the CPU decoder
-  with its C kernels (``decode.py``).
+- ``GpuPaths``: the trainer and sampler paths written for a GPU (packed sequences, chunked logprobs, a sampler whose
+  state stays on the device) and their settings. The engine takes them on CUDA; a CPU engine takes them when given
+  one (that is how the CPU tests check them). Without them, a CPU engine runs its own paths: the shared-prefix
+  trainer (``prefix.py``) and the CPU decoder with its C kernels (``decode.py``).
 
 The CPU kernels (``packed``, ``amx_linear``, ``fused_attention``, ``decode``) are imported only on the CPU paths, so
 a CUDA engine never loads them.
 
-Not here: moving models (``models.load_base_model``), the paths themselves (``packing.py``).
+Not here: moving models (``models.load_base_model``), the paths themselves (``packing.py``, ``device_sampler.py``).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class GpuPaths:
-    """The paths written for a GPU, and their settings (``packing.py``)."""
+    """The trainer and sampler paths written for a GPU, and their settings (``packing.py``, ``device_sampler.py``)."""
 
     row_tokens: int = 2048
     """Tokens per packed row: the trainer packs datums into rows of at most this many tokens (a longer datum has a
@@ -120,9 +120,12 @@ class GpuPaths:
     checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them: less memory for
     about a third more compute."""
+    sync_every: int = 8
+    """Sampler decode steps between two looks from the host: finished rows leave the batch and stop strings are
+    matched there (stop token ids and lengths are checked on the device at every step)."""
 
     def __post_init__(self) -> None:
-        for name in ("row_tokens", "logit_chunk"):
+        for name in ("row_tokens", "logit_chunk", "sync_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigurationError(f"GpuPaths.{name} must be a positive integer, got {value!r}")

@@ -9,8 +9,9 @@ sampler snapshot is one more frozen adapter (see ``lora.py``).
 
 An engine runs on one device (``device.py``: the CPU or one CUDA GPU, ``RLVR_DEVICE``): its models, adapters,
 optimizer state and every tensor of a request live there, and results come back as CPU tensors. On CUDA (or on a CPU
-given ``GpuPaths``) training packs datums into rows (``packing.py``); a CPU engine otherwise shares prompts' compute
-(``prefix.py``).
+given ``GpuPaths``) training packs datums into rows (``packing.py``) and sampling keeps its state on the device
+(``device_sampler.py``); a CPU engine otherwise shares prompts' compute (``prefix.py``) and decodes on its own
+kernels (``decode.py``).
 
 Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``losses.py``), sampling (``sampler.py``).
 """
