@@ -3,6 +3,7 @@ process engine keeps its device, and an engine on the GPU paths never loads the 
 
 No GPU here: "a machine with two GPUs" is torch.cuda's answers replaced (``fake_gpus``); nothing runs on it."""
 
+import importlib
 import sys
 
 import pytest
@@ -141,8 +142,8 @@ class _Forbidden:
         return None
 
 
-def _train_and_sample(engine: Engine) -> None:
-    tc = rlvr.ServiceClient(engine).create_lora_training_client(base_model="tiny", rank=2, seed=0)
+def _train_and_sample(service) -> None:
+    tc = service.create_lora_training_client(base_model="tiny", rank=2, seed=0)
     datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
                         loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
     tc.forward_backward([datum], "cross_entropy").result()
@@ -153,12 +154,16 @@ def _train_and_sample(engine: Engine) -> None:
 
 
 def test_the_gpu_paths_never_import_the_cpu_kernels(monkeypatch):
-    # What a CUDA engine runs, run on the CPU with the CPU kernels' modules unloaded and their import refused:
-    # creating the engine, training, sampling and prompt logprobs all work. The CPU paths do import them (the
-    # control: the refusal is seen).
-    for name in CPU_KERNELS:
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    # What a CUDA engine runs, run on the CPU with rlvr's engine and client imported afresh while the CPU kernels'
+    # modules are unloaded and their import refused: importing, creating the engine, training, sampling and prompt
+    # logprobs all work. The CPU paths do import them (the control: the refusal is seen).
+    for name in ("client", "engine"):  # put back afterwards: a fresh import rebinds the package's attributes
+        monkeypatch.setattr(rlvr, name, importlib.import_module(f"rlvr.{name}"))
+    for name in [m for m in sys.modules if m in ("rlvr.client", "rlvr.engine") or m.startswith("rlvr.engine.")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setattr(sys, "meta_path", [_Forbidden(), *sys.meta_path])
-    _train_and_sample(Engine(device="cpu", gpu_paths=GpuPaths()))
+    client = importlib.import_module("rlvr.client")
+    engine, device = importlib.import_module("rlvr.engine.engine"), importlib.import_module("rlvr.engine.device")
+    _train_and_sample(client.ServiceClient(engine.Engine(device="cpu", gpu_paths=device.GpuPaths())))
     with pytest.raises(ImportError, match="rlvr.engine.packed imported"):
-        _train_and_sample(Engine(device="cpu"))
+        _train_and_sample(client.ServiceClient(engine.Engine(device="cpu")))

@@ -10,7 +10,7 @@ from peft import LoraConfig, get_peft_model
 import rlvr
 from datums import rl_datum
 from rlvr import types
-from rlvr.engine import Engine
+from rlvr.engine import Engine, packing
 from rlvr.engine.device import GpuPaths
 from rlvr.engine.losses import LOSSES
 from rlvr.engine.packing import PackedRow, checkpointed, packed_logprobs, plan, target_logprobs
@@ -187,7 +187,7 @@ LOSS_CONFIGS = {"dro": {"beta": 0.5}}
 
 
 @pytest.mark.parametrize("loss_fn", sorted(LOSSES))
-def test_the_engine_on_gpu_paths_trains_as_on_its_cpu_path(loss_fn):
+def test_the_engine_on_gpu_paths_trains_as_on_its_cpu_path(loss_fn, monkeypatch):
     # Same datums, same seed: losses, logprobs, gradient norms and the weights after two steps agree between the
     # shared-prefix CPU path and the packed GPU paths (with small rows and chunks, so both really pack and chunk).
     g = torch.Generator().manual_seed(7)
@@ -202,6 +202,9 @@ def test_the_engine_on_gpu_paths_trains_as_on_its_cpu_path(loss_fn):
                                 loss_fn_inputs={"target_tokens": datum.loss_fn_inputs["target_tokens"],
                                                 "weights": datum.loss_fn_inputs["advantages"]})
         data.append(datum)
+    packed_calls = []
+    real = packing.packed_logprobs
+    monkeypatch.setattr(packing, "packed_logprobs", lambda *a, **k: packed_calls.append(1) or real(*a, **k))
     runs = []
     for paths in (None, GpuPaths(row_tokens=20, logit_chunk=6)):
         engine = Engine(device="cpu", gpu_paths=paths, max_tokens_per_microbatch=40)
@@ -212,6 +215,7 @@ def test_the_engine_on_gpu_paths_trains_as_on_its_cpu_path(loss_fn):
             step = tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
             outputs.append((out, step.metrics["grad_norm:mean"]))
         runs.append((outputs, tc.parameters()))
+        assert bool(packed_calls) == (paths is not None)  # each engine took its own path
     (cpu, cpu_weights), (gpu, gpu_weights) = runs
     for (a, norm_a), (b, norm_b) in zip(cpu, gpu, strict=True):
         assert a.metrics.keys() == b.metrics.keys()
