@@ -167,3 +167,18 @@ def test_the_gpu_paths_never_import_the_cpu_kernels(monkeypatch):
     _train_and_sample(client.ServiceClient(engine.Engine(device="cpu", gpu_paths=device.GpuPaths())))
     with pytest.raises(ImportError, match="rlvr.engine.packed imported"):
         _train_and_sample(client.ServiceClient(engine.Engine(device="cpu")))
+
+
+def test_models_load_in_the_weight_dtype_with_float32_rope(tmp_path):
+    # What a CUDA engine asks for (bfloat16 weights), asked on the CPU: every parameter in bfloat16, RoPE's inverse
+    # frequencies (a buffer) still float32, frozen; the same for a Hugging Face folder.
+    from rlvr.engine.models import load_base_model
+    from rlvr.engine.random_models import small_config, write_model_folder
+
+    folder = write_model_folder(small_config("qwen3"), tmp_path / "qwen3")
+    for name in ("tiny", str(folder)):
+        model = load_base_model(name, "cpu", torch.bfloat16, "sdpa").model
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+        assert not any(p.requires_grad for p in model.parameters()) and not model.training
+        assert model.config._attn_implementation == "sdpa"
