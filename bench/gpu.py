@@ -210,17 +210,22 @@ def sample_continuous(model: Any, prompts: list[list[int]], new: int, pad: int) 
             tokens / wall}
 
 
+def rate(tokens: int, seconds: float) -> dict[str, float]:
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
 def skipped(args: argparse.Namespace, baseline: str) -> dict[str, str] | None:
     return {"skipped": "--skip"} if baseline in args.skip else None
 
 
 def guarded(fn: Callable[[], Any]) -> Any:
-    """``fn()``, or what stopped it (out of memory, an error), recorded instead of ending the benchmark."""
+    """``fn()``, or what stopped it (out of memory, an error), recorded instead of ending the benchmark (the
+    figures measured before it are kept)."""
     try:
         return fn()
     except torch.cuda.OutOfMemoryError as exc:
         return {"error": f"out of memory: {str(exc)[:200]}"}
-    except Exception as exc:  # a baseline that fails here is a result, not a reason to stop
+    except Exception as exc:  # a measurement that fails here is a result, not a reason to stop
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     finally:
         gc.collect()
@@ -236,24 +241,21 @@ def measure_sampling(service: Any, folder: str, reference: Any, shape: dict, bou
     results = {}
     for size in args.sizes:
         prompts = prompts_for(max(1, size // GROUP), PROMPT_TOKENS, seed=size)
-        tokens, seconds = sample_rlvr(sampler, prompts, args.max_tokens, device)
-        ours = tokens / seconds
         bound = decode_bound(shape, bounds, min(rows, size), PROMPT_TOKENS, args.max_tokens)
-        generate = skipped(args, "generate") or guarded(lambda prompts=prompts: dict(zip(
-            ("tokens", "seconds"), sample_generate(reference, prompts, args.max_tokens, rows, pad, device),
-            strict=True)))
-        if "tokens" in generate:
-            generate["tokens_per_s"] = generate["tokens"] / generate["seconds"]
+        rlvr = guarded(lambda prompts=prompts: rate(*sample_rlvr(sampler, prompts, args.max_tokens, device)))
+        ours = rlvr.get("tokens_per_s", math.nan)
+        generate = skipped(args, "generate") or guarded(
+            lambda prompts=prompts: rate(*sample_generate(reference, prompts, args.max_tokens, rows, pad, device)))
         continuous = skipped(args, "continuous") or guarded(
             lambda prompts=prompts: sample_continuous(reference, prompts, args.max_tokens, pad))
-        row = {"sequences": size, "rows_at_once": min(rows, size), "rlvr_tokens_per_s": ours,
+        row = {"sequences": size, "rows_at_once": min(rows, size), "rlvr": rlvr, "rlvr_tokens_per_s": ours,
                "rlvr_fraction_of_bound": ours / bound, "bound_tokens_per_s": bound, "generate": generate,
                "continuous_batching": continuous}
         for name, other in (("generate", generate), ("continuous_batching", continuous)):
             if "tokens_per_s" in other:
                 row[f"ratio_to_{name}"] = ours / other["tokens_per_s"]
         results[str(size)] = row
-        print(f"  {size:>5} seqs | rlvr {ours:>9.0f} tok/s ({ours / bound:.2f} of bound {bound:.0f}) | generate "
+        print(f"  {size:>5} seqs | rlvr {_rate(rlvr)} ({ours / bound:.2f} of bound {bound:.0f}) | generate "
               f"{_rate(generate)} | continuous batching {_rate(continuous)}", flush=True)
     return results
 
@@ -342,15 +344,15 @@ def measure_training(service: Any, folder: str, reference: Any, shape: dict, bou
     batches = [training_batch(args.train_sequences, args.train_length, min(PROMPT_TOKENS, args.train_length // 2),
                               seed=i) for i in range(args.train_batches)]
     tc = service.create_lora_training_client(base_model=folder, rank=LORA_RANK, seed=0)
-    tokens, seconds = train_rlvr(tc, batches, device)
-    ours = tokens / seconds
+    rlvr = guarded(lambda: rate(*train_rlvr(tc, batches, device)))
+    ours = rlvr.get("tokens_per_s", math.nan)
     bound = train_bound(shape, bounds)
     plain = skipped(args, "plain") or guarded(lambda: train_plain(reference, batches, args.microbatch_tokens, device))
-    result = {"tokens": tokens, "rlvr_tokens_per_s": ours, "rlvr_fraction_of_bound": ours / bound,
-              "bound_tokens_per_s": bound, "plain_torch_peft": plain}
+    result = {"tokens": rlvr.get("tokens"), "rlvr": rlvr, "rlvr_tokens_per_s": ours,
+              "rlvr_fraction_of_bound": ours / bound, "bound_tokens_per_s": bound, "plain_torch_peft": plain}
     if "tokens_per_s" in plain:
         result["ratio_to_plain"] = ours / plain["tokens_per_s"]
-    print(f"  forward_backward | rlvr {ours:>9.0f} tok/s ({ours / bound:.2f} of bound {bound:.0f}) | torch + peft "
+    print(f"  forward_backward | rlvr {_rate(rlvr)} ({ours / bound:.2f} of bound {bound:.0f}) | torch + peft "
           f"{_rate(plain)}", flush=True)
     return result
 
@@ -439,17 +441,19 @@ def rl_step_trl(folder: str, args: argparse.Namespace, device: torch.device, out
 
 def measure_rl_step(service: Any, folder: str, shape: dict, bounds: dict, args: argparse.Namespace,
                     device: torch.device, out: Path) -> dict[str, Any]:
-    ours = rl_step_rlvr(service, folder, args, device)
+    ours = guarded(lambda: rl_step_rlvr(service, folder, args, device))
     rows = args.rl_prompts * GROUP
+    trained = rows * (PROMPT_TOKENS - 1 + args.rl_tokens)  # the datums' tokens when no row stops early
     floor = (rows * args.rl_tokens / decode_bound(shape, bounds, rows, PROMPT_TOKENS, args.rl_tokens)
-             + ours["trained_tokens"] / train_bound(shape, bounds))
-    ours["fraction_of_bound"] = floor / ours["seconds"]
+             + ours.get("trained_tokens", trained) / train_bound(shape, bounds))
+    ours["fraction_of_bound"] = floor / ours.get("seconds", math.nan)
     theirs = skipped(args, "trl") or guarded(lambda: rl_step_trl(folder, args, device, out))
     result = {"rlvr": ours, "trl": theirs, "bound_seconds": floor}
-    if "seconds" in theirs:
+    if "seconds" in theirs and "seconds" in ours:
         result["ratio_to_trl"] = theirs["seconds"] / ours["seconds"]
     trl_text = f"{theirs['seconds']:.2f} s" if "seconds" in theirs else theirs.get("error") or theirs.get("skipped")
-    print(f"  RL step ({rows} completions x {args.rl_tokens} tokens) | rlvr {ours['seconds']:.2f} s "
+    rlvr_text = f"{ours['seconds']:.2f} s" if "seconds" in ours else ours["error"]
+    print(f"  RL step ({rows} completions x {args.rl_tokens} tokens) | rlvr {rlvr_text} "
           f"({ours['fraction_of_bound']:.2f} of bound {floor:.2f} s) | TRL {trl_text}", flush=True)
     return result
 
@@ -498,7 +502,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--train-sequences", type=positive_int, default=64, help="datums per training batch")
     parser.add_argument("--train-length", type=positive_int, default=512, help="tokens per datum")
     parser.add_argument("--train-batches", type=positive_int, default=4, help="timed forward_backward calls")
-    parser.add_argument("--microbatch-tokens", type=positive_int, default=16384, help="rlvr's and the loop's budget")
+    parser.add_argument("--microbatch-tokens", type=positive_int, default=8192, help="rlvr's and the loop's budget")
     parser.add_argument("--rl-prompts", type=positive_int, default=8, help="prompts per RL step (x 8 completions)")
     parser.add_argument("--rl-tokens", type=positive_int, default=256, help="new tokens per completion in the RL step")
     parser.add_argument("--json", help="write the results here (default: bench/results/gpu-<date>-<gpu>.json)")
