@@ -29,6 +29,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
 from transformers import PreTrainedTokenizerBase
 
+from rlvr.engine.device import resolve_device
 from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
 from rlvr.engine.lora import LORA_ALPHA, LoraSpec
 from rlvr.errors import ConfigurationError
@@ -55,14 +56,18 @@ class ServiceClient:
 
     >>> service_client = rlvr.ServiceClient()  # or ServiceClient(precision="bfloat16")
     >>> training_client = service_client.create_lora_training_client(base_model="tiny", rank=8)
+
+    ``device``: where the process's engine computes, "auto" (a CUDA GPU when there is one), "cpu", "cuda" or
+    "cuda:N" (None: ``RLVR_DEVICE``, else "auto"); see ``rlvr.engine.device``.
     """
 
-    def __init__(self, engine: Engine | None = None, *, precision: str | None = None, **_ignored: Any) -> None:
+    def __init__(self, engine: Engine | None = None, *, precision: str | None = None,
+                 device: str | torch.device | None = None, **_ignored: Any) -> None:
         """Clients on the process's shared engine, whose frozen base matmuls multiply in ``precision`` (``"float32"``
-        or ``"bfloat16"``; None: ``$RLVR_PRECISION``, else float32; see ``rlvr.precision``), or on ``engine``, an
-        engine of your own. Tinker's ``api_key``, ``base_url`` and other connection settings mean nothing in-process
-        and are ignored."""
-        self.engine = _engine(engine, precision)
+        or ``"bfloat16"``; None: ``$RLVR_PRECISION``, else the device's default; see ``rlvr.precision``) on
+        ``device``, or on ``engine``, an engine of your own. Tinker's ``api_key``, ``base_url`` and other connection
+        settings mean nothing in-process and are ignored."""
+        self.engine = _engine(engine, precision, device)
 
     def create_lora_training_client(
         self,
@@ -275,11 +280,13 @@ class SamplingClient(_SelfFuture):
         return self._handle.host.base.name
 
 
-def _engine(engine: Engine | None, precision: str | None) -> Engine:
-    """The engine a ServiceClient runs on: ``engine`` when given (and then ``precision``, if given, must be its own),
-    else the process's shared one in ``precision``."""
+def _engine(engine: Engine | None, precision: str | None, device: str | torch.device | None = None) -> Engine:
+    """The engine a ServiceClient runs on: ``engine`` when given (and then ``precision`` and ``device``, if given,
+    must be its own), else the process's shared one in ``precision`` on ``device``."""
     if engine is None:
-        return Engine.default(precision)
+        return Engine.default(precision, device)
+    if device is not None and resolve_device(device) != engine.device:
+        raise ConfigurationError(f"device={device!r}, but the engine given runs on {engine.device}: drop one")
     if precision is not None and base_precision(precision) != engine.precision:
         raise ConfigurationError(f"ServiceClient(engine=..., precision={precision!r}): that engine multiplies in "
                                  f"{engine.precision}; leave precision unset, or pass an engine created with "

@@ -116,4 +116,4 @@ def read_torch(folder: Path, filename: str, path: str) -> object:
     if not target.exists():
         raise CheckpointError(f"checkpoint {path!r} has no {filename}; it was saved with save_weights_for_sampler, "
                               "which keeps weights only. Resume from a save_state checkpoint (.../weights/...)")
-    return torch.load(target, weights_only=True)
+    return torch.load(target, weights_only=True, map_location="cpu")  # saved on a GPU, read anywhere

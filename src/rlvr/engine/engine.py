@@ -7,6 +7,12 @@ both were submitted before either was awaited, and an adapter switch can never r
 Each base model is loaded once per process and shared: every training client is one LoRA adapter on it, and every
 sampler snapshot is one more frozen adapter (see ``lora.py``).
 
+An engine runs on one device (``device.py``: the CPU or one CUDA GPU, ``RLVR_DEVICE``): its models, adapters,
+optimizer state and every tensor of a request live there, and results come back as CPU tensors. On CUDA (or on a CPU
+given ``GpuPaths``) training packs datums into rows (``packing.py``) and sampling keeps its state on the device
+(``device_sampler.py``); a CPU engine otherwise shares prompts' compute (``prefix.py``) and decodes on its own
+kernels (``decode.py``).
+
 Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``losses.py``), sampling (``sampler.py``)
 and the batching of sampling requests (``sample_queue.py``).
 """
@@ -26,18 +32,18 @@ import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from rlvr.engine import checkpoint
+from rlvr.engine import checkpoint, packing
 from rlvr.engine.batch import CheckedDatum, check_data, model_input_tokens
+from rlvr.engine.device import GpuPaths, attention_implementation, resolve_device, resolve_precision, weight_dtype
 from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.losses import resolve_loss
 from rlvr.engine.models import canonical_name, load_base_model
 from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
-from rlvr.engine.packed import supported_precision
+from rlvr.engine.packing import PackedRow
 from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
 from rlvr.engine.sample_queue import SampleQueue
 from rlvr.engine.sampler import SampleJob, resolve_params
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
-from rlvr.precision import base_precision
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
@@ -80,8 +86,15 @@ class Engine:
     _default_lock = threading.Lock()
 
     def __init__(self, max_tokens_per_microbatch: int = 4096, max_sample_rows: int = 128,
-                 precision: str | None = None) -> None:
-        self.precision = supported_precision(precision)  # float32, or bfloat16 base matmuls (``rlvr.precision``)
+                 precision: str | None = None, device: str | torch.device | None = None,
+                 gpu_paths: GpuPaths | None = None) -> None:
+        """``device``: ``device.resolve_device`` (None: ``RLVR_DEVICE``, else a GPU when there is one);
+        ``precision``: ``device.resolve_precision`` (CPU: float32 or bfloat16 base matmuls; CUDA: bfloat16 base
+        weights by default); ``gpu_paths``: the GPU paths' settings (on CUDA, None means the defaults; on a CPU,
+        giving them makes it take those paths)."""
+        self.device = resolve_device(device)
+        self.gpu_paths = (gpu_paths or GpuPaths()) if self.device.type == "cuda" else gpu_paths
+        self.precision = resolve_precision(precision, self.device, self.gpu_paths)
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-engine")
         self._samples = SampleQueue(self._executor, self._prompt_logprobs, max_sample_rows)
@@ -92,20 +105,28 @@ class Engine:
         self._snapshot_refs: dict[str, int] = {}
 
     @classmethod
-    def default(cls, precision: str | None = None) -> Engine:
-        """The process-wide engine that ServiceClients share, so each base model is loaded once. ``precision``
-        (``rlvr.precision.base_precision``; None: ``RLVR_PRECISION`` or float32) is the one it is created with; asked
-        for again once it exists, it must be the one it has (a process holds one engine: torch work on two threads of
-        one process runs a third slower)."""
+    def default(cls, precision: str | None = None, device: str | torch.device | None = None) -> Engine:
+        """The process-wide engine that ServiceClients share, so each base model is loaded once. ``precision`` and
+        ``device`` (None: ``RLVR_PRECISION``, ``RLVR_DEVICE``, else the device's defaults) are the ones it is
+        created with; asked for again once it exists, they must be the ones it has (a process holds one engine:
+        torch work on two threads of one process runs a third slower)."""
         with cls._default_lock:
             if cls._default is None:
-                cls._default = cls(precision=precision)
-            elif precision is not None and base_precision(precision) != cls._default.precision:
+                cls._default = cls(precision=precision, device=device)
+                return cls._default
+            engine = cls._default
+            if device is not None and resolve_device(device) != engine.device:
+                raise ConfigurationError(
+                    f"device={device!r}, but this process's engine already runs on {engine.device} (earlier work "
+                    f"in this process created it): run in a fresh process, or set RLVR_DEVICE={device} before "
+                    "anything uses rlvr")
+            if precision is not None and resolve_precision(precision, engine.device, engine.gpu_paths) != \
+                    engine.precision:
                 raise ConfigurationError(
                     f"precision={precision!r}, but this process's engine already multiplies in "
-                    f"{cls._default.precision} (earlier work in this process created it): run in a fresh process, "
+                    f"{engine.precision} (earlier work in this process created it): run in a fresh process, "
                     f"or set RLVR_PRECISION={precision} before anything uses rlvr")
-            return cls._default
+            return engine
 
     @property
     def max_sample_rows(self) -> int:
@@ -127,7 +148,10 @@ class Engine:
     def host(self, base_model: str) -> AdapterHost:
         name = canonical_name(base_model)
         if name not in self._hosts:
-            self._hosts[name] = AdapterHost(load_base_model(name), self.precision)
+            dtype = weight_dtype(self.precision, self.device)
+            attention = attention_implementation(self.device, dtype) if self.device.type == "cuda" else None
+            base = load_base_model(name, self.device, dtype, attention)
+            self._hosts[name] = AdapterHost(base, self.precision, self.gpu_paths)
         return self._hosts[name]
 
     def _new_adapter_name(self, kind: str) -> str:
@@ -143,15 +167,29 @@ class Engine:
 
     # -- forward / backward ---------------------------------------------------------------------------------------
 
-    def _logprobs(self, trainer: Trainer, data: list[CheckedDatum], batch: list[Cluster]) -> dict[int, torch.Tensor]:
-        """log p(target_t | input_<=t) of the datums in ``batch`` by index, (T_i,) each, differentiable when grad is
-        enabled; shared prefixes are computed once (``prefix.py``)."""
+    def _logprobs(self, trainer: Trainer, data: list[CheckedDatum], batch: list[Cluster] | list[PackedRow]
+                  ) -> dict[int, torch.Tensor]:
+        """log p(target_t | input_<=t) of the datums in ``batch`` by index, (T_i,) each on the engine's device,
+        differentiable when grad is enabled."""
         with trainer.host.active(trainer.adapter) as model:
-            return cluster_logprobs(model, [d.input_ids for d in data], [d.targets for d in data], batch,
-                                    trainer.host.base.tokenizer.pad_token_id)
+            return self._batch_logprobs(model, [d.input_ids for d in data], [d.targets for d in data], batch,
+                                        trainer.host.base.tokenizer.pad_token_id)
 
-    def _plan(self, data: list[CheckedDatum]) -> list[list[Cluster]]:
-        return plan([d.input_ids.tolist() for d in data], self.max_tokens_per_microbatch)
+    def _plan(self, data: list[CheckedDatum]) -> list[list[Cluster]] | list[list[PackedRow]]:
+        return self._plan_tokens([d.input_ids.tolist() for d in data])
+
+    def _plan_tokens(self, sequences: list[list[int]]) -> list[list[Cluster]] | list[list[PackedRow]]:
+        """Microbatches: clusters sharing prefixes on the CPU path (``prefix.py``), packed rows on the GPU path
+        (``packing.py``); either way each item's ``rows`` are datum indices."""
+        if self.gpu_paths is None:
+            return plan(sequences, self.max_tokens_per_microbatch)
+        return packing.plan([len(s) for s in sequences], self.gpu_paths.row_tokens, self.max_tokens_per_microbatch)
+
+    def _batch_logprobs(self, model: torch.nn.Module, input_ids: list[torch.Tensor], targets: list[torch.Tensor],
+                        batch: list[Cluster] | list[PackedRow], pad_id: int) -> dict[int, torch.Tensor]:
+        if self.gpu_paths is None:
+            return cluster_logprobs(model, input_ids, targets, batch, pad_id)  # type: ignore[arg-type]
+        return packing.packed_logprobs(model, input_ids, targets, batch, pad_id, self.gpu_paths)  # type: ignore[arg-type]
 
     def forward(
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: str, loss_fn_config: dict | None, backward: bool
@@ -169,7 +207,7 @@ class Engine:
                     by_row = self._logprobs(trainer, checked, clusters)
                     logprobs = [by_row[i] for i in group]
                     flat = torch.cat(logprobs)
-                    inputs = [torch.cat([checked[i].inputs[k] for i in group]) for k in spec.inputs]
+                    inputs = [torch.cat([checked[i].inputs[k] for i in group]).to(flat.device) for k in spec.inputs]
                     loss, group_metrics = spec.fn(flat, *inputs, **config)
                 if not torch.isfinite(loss):
                     raise InvalidDatumError(f"loss_fn={loss_fn!r} gave a non-finite loss ({loss.item()}); no "
@@ -192,7 +230,7 @@ class Engine:
         by_row: dict[int, torch.Tensor] = {}
         for clusters in self._plan(checked):
             by_row.update(self._logprobs(trainer, checked, clusters))
-        logprobs = [by_row[i] for i in range(len(checked))]
+        logprobs = [by_row[i].cpu() for i in range(len(checked))]  # differentiable: the gradient flows to the device
         result = loss_fn(list(data), logprobs)
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
             raise InvalidDatumError("a custom loss_fn must return (loss: torch.Tensor scalar, metrics: dict)")
@@ -233,6 +271,8 @@ class Engine:
         files = self._adapter_files(trainer)
         files["optimizer.pt"] = trainer.optimizer.state_dict()
         files["rng.pt"] = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            files["rng.pt"]["cuda"] = torch.cuda.get_rng_state(self.device)  # type: ignore[index]
         checkpoint.write(path, files)
         return types.SaveWeightsResponse(path=path)
 
@@ -252,6 +292,8 @@ class Engine:
         if with_optimizer:
             trainer.optimizer.load_state_dict(optimizer_state)  # type: ignore[arg-type]
             torch.set_rng_state(rng["torch"])  # type: ignore[index]
+            if self.device.type == "cuda" and "cuda" in rng:  # type: ignore[operator]
+                torch.cuda.set_rng_state(rng["cuda"], self.device)  # type: ignore[index]
             trainer.step = int(meta["step"])
         return types.LoadWeightsResponse(path=path)
 
@@ -357,9 +399,9 @@ class Engine:
             return np.full(len(tokens), np.nan, dtype=np.float32)
         inputs, targets = [torch.tensor(tokens[:-1])], [torch.tensor(tokens[1:])]
         values: list[torch.Tensor] = []
-        for clusters in plan([tokens[:-1]], self.max_tokens_per_microbatch):
-            values += cluster_logprobs(model, inputs, targets, clusters, pad_id).values()
-        return np.concatenate([[np.nan], torch.cat(values).float().numpy()]).astype(np.float32)
+        for batch in self._plan_tokens([tokens[:-1]]):
+            values += self._batch_logprobs(model, inputs, targets, batch, pad_id).values()
+        return np.concatenate([[np.nan], torch.cat(values).float().cpu().numpy()]).astype(np.float32)
 
     @staticmethod
     def _vocab_size(host: AdapterHost) -> int:
@@ -405,6 +447,6 @@ def _reduce(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
 def _output(logprobs: list[torch.Tensor], metrics: dict[str, float]) -> types.ForwardBackwardOutput:
     return types.ForwardBackwardOutput(
         loss_fn_output_type="ArrayRecord",
-        loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp)} for lp in logprobs],
+        loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.cpu())} for lp in logprobs],
         metrics=metrics,
     )

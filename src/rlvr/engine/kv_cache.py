@@ -2,12 +2,14 @@
 each decoded token is written into them, instead of Hugging Face's ``DynamicCache`` concatenating a new tensor
 at every step (which copies the whole cache per token and was a quarter of a CPU decode step).
 
-It plugs into any transformers causal LM as ``**cache_kwargs(GrowingCache())``. Not here: paging, sliding windows
-or quantized caches; layers of those kinds are not supported.
+It plugs into any transformers causal LM as ``**cache_kwargs(GrowingCache())``; ``GrowingCache(capacity)`` reserves
+that many columns at the first write, so a decode whose length is known never reallocates. Not here: paging, sliding
+windows or quantized caches; layers of those kinds are not supported.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -35,6 +37,10 @@ def returned_cache(output: Any) -> Cache:
 class GrowingLayer(DynamicLayer):
     """One layer's keys and values, (B, H, T, D) views into (B, H, capacity, D) buffers."""
 
+    def __init__(self, capacity: int = 0) -> None:
+        super().__init__()
+        self.initial_capacity = capacity  # columns the first write reserves at least
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         self._keys_buffer: torch.Tensor | None = None
@@ -50,7 +56,7 @@ class GrowingLayer(DynamicLayer):
         capacity = 0 if self._keys_buffer is None else self._keys_buffer.shape[2]
         if needed <= capacity:
             return
-        new_capacity = max(needed + MIN_CAPACITY, 2 * capacity)
+        new_capacity = max(needed + MIN_CAPACITY, 2 * capacity, self.initial_capacity)
         keys = key_states.new_empty((*key_states.shape[:2], new_capacity, key_states.shape[3]))
         values = value_states.new_empty((*value_states.shape[:2], new_capacity, value_states.shape[3]))
         if self._length:
@@ -97,7 +103,8 @@ class GrowingLayer(DynamicLayer):
 
 
 class GrowingCache(Cache):
-    """A cache of ``GrowingLayer``s, one per decoder layer, created as the model first writes to them."""
+    """A cache of ``GrowingLayer``s, one per decoder layer, created as the model first writes to them; ``capacity``:
+    columns each reserves at its first write (0: just what that write needs, plus ``MIN_CAPACITY``)."""
 
-    def __init__(self) -> None:
-        super().__init__(layer_class_to_replicate=GrowingLayer)
+    def __init__(self, capacity: int = 0) -> None:
+        super().__init__(layer_class_to_replicate=functools.partial(GrowingLayer, capacity))  # type: ignore[arg-type]

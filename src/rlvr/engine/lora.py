@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
+from rlvr.engine.device import GpuPaths, attach_paths, model_device
 from rlvr.engine.models import LoadedModel
-from rlvr.engine.packed import pack_frozen_linears
 from rlvr.errors import ConfigurationError
 
 # Module names per trainable group, for Llama-style models (SmolLM2, tiny, Llama, Qwen, Mistral ...).
@@ -61,10 +61,16 @@ class LoraSpec:
 class AdapterHost:
     """A base model with named LoRA adapters, one active at a time."""
 
-    def __init__(self, base: LoadedModel, precision: str = "float32") -> None:
+    def __init__(self, base: LoadedModel, precision: str = "float32", paths: GpuPaths | None = None) -> None:
+        """``paths``: the GPU paths the engine runs this model on (``device.GpuPaths``), None for the CPU paths."""
         self.base = base
-        # Base weights never train here: prepacked matmuls, in bfloat16 if asked (packed.base_precision).
-        pack_frozen_linears(base.model, precision)
+        self.device = model_device(base.model)
+        attach_paths(base.model, paths)
+        if paths is None:
+            from rlvr.engine.packed import pack_frozen_linears  # the CPU kernels load on the CPU path only
+
+            # Base weights never train here: prepacked matmuls, in bfloat16 if asked (packed.base_precision).
+            pack_frozen_linears(base.model, precision)
         self.peft: PeftModel | None = None
         self.specs: dict[str, LoraSpec] = {}
         self._retired: list[str] = []  # snapshot adapters no sampler uses, kept for ``copy`` to reuse
@@ -88,7 +94,10 @@ class AdapterHost:
     def add(self, name: str, spec: LoraSpec, seed: int) -> None:
         """Create adapter ``name``; its A matrices are drawn from ``seed`` (B starts at zero, as LoRA does)."""
         config = self._config(spec)
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft draws the A matrices on the CPU, then moves them to the base layer's device (and dtype, then back to
+        # float32: on a bfloat16 base they are rounded to bfloat16 once); manual_seed also reseeds CUDA, so fork it.
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
             # LoRA on a tied lm_head leaves the shared base matrix untouched, which is what we want.
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
             # peft probes a property transformers 5 deprecated; nothing we can act on.
@@ -145,10 +154,11 @@ class AdapterHost:
         return self._parameters[name]
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
-        """Adapter weights keyed as peft saves them (adapter name removed), cloned."""
+        """Adapter weights keyed as peft saves them (adapter name removed), copied to the CPU (checkpoints hold CPU
+        tensors, so a state saved on a GPU loads on a CPU and back)."""
         # save_embedding_layers=False: peft would otherwise copy the full (tied) embedding matrix into every snapshot.
         state = get_peft_model_state_dict(self.peft, adapter_name=name, save_embedding_layers=False)
-        return {k: v.detach().clone().contiguous() for k, v in state.items()}
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 
     def load_state_dict(self, name: str, state: dict[str, torch.Tensor]) -> None:
         result = set_peft_model_state_dict(self.peft, state, adapter_name=name)

@@ -1,4 +1,5 @@
-"""Base-model loading: resolves a ``base_model`` string to a float32 causal LM and its tokenizer.
+"""Base-model loading: resolves a ``base_model`` string to a frozen causal LM and its tokenizer, on the engine's device
+(float32 on the CPU; on CUDA in the precision's dtype, see ``device.py``).
 
 A ``base_model`` may be:
 
@@ -42,7 +43,7 @@ ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2, "smollm2": SMOLLM2}
 
 @dataclass
 class LoadedModel:
-    """A base model ready for LoRA: float32, eval mode, frozen."""
+    """A base model ready for LoRA: eval mode, frozen, on its device (float32, or bfloat16 weights on CUDA)."""
 
     name: str
     """The ``base_model`` string it was loaded from, after aliases."""
@@ -65,25 +66,32 @@ def canonical_name(base_model: str) -> str:
     return name
 
 
-def load_base_model(base_model: str) -> LoadedModel:
-    """Load ``base_model`` (see the module docstring) as a frozen float32 model in eval mode."""
+def load_base_model(base_model: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    attn_implementation: str | None = None) -> LoadedModel:
+    """Load ``base_model`` (see the module docstring) as a frozen model in eval mode, its weights in ``dtype`` on
+    ``device``; ``attn_implementation``: the transformers attention it runs (None: transformers' default)."""
     if not isinstance(base_model, str) or not base_model:
         raise ModelLoadError(f"base_model must be a non-empty string such as 'tiny' or '{SMOLLM2}', got {base_model!r}")
     name = canonical_name(base_model)
     if name == "tiny":
         model, tokenizer = build_tiny_model()
     elif name == SMOLLM2:
-        model, tokenizer = _load_folder(ensure_smollm2())
+        model, tokenizer = _load_folder(ensure_smollm2(), dtype)
     elif name.endswith(".gguf"):
-        model, tokenizer = _load_folder(convert_gguf(Path(name)))
+        model, tokenizer = _load_folder(convert_gguf(Path(name)), dtype)
     elif Path(name).is_dir():
         if not (Path(name) / "config.json").exists():
             raise ModelLoadError(f"base_model={base_model!r} is a folder without config.json; point it at a Hugging "
                                  "Face model folder (config.json + weights) or a .gguf file")
-        model, tokenizer = _load_folder(Path(name))
+        model, tokenizer = _load_folder(Path(name), dtype)
     else:
-        model, tokenizer = _load_from_hub(name)
-    model.float().eval().requires_grad_(False)
+        model, tokenizer = _load_from_hub(name, dtype)
+    model.to(device).eval().requires_grad_(False)
+    for parameter in model.parameters():  # parameters only: buffers such as RoPE's inverse frequencies stay float32
+        if parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
+    if attn_implementation is not None:
+        model.set_attn_implementation(attn_implementation)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
@@ -112,13 +120,13 @@ def model_folder(base_model: str) -> str:
     return name
 
 
-def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_folder(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a local folder loads in a fraction of a second: no "Loading weights" bar
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     finally:
         if shown:
             hf_logging.enable_progress_bar()
@@ -126,9 +134,9 @@ def _load_folder(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
     return model, tokenizer
 
 
-def _load_from_hub(repo_id: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load_from_hub(repo_id: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
-        return _load_folder(repo_id)  # type: ignore[arg-type]
+        return _load_folder(repo_id, dtype)  # type: ignore[arg-type]
     except OSError as exc:
         raise ModelLoadError(
             f"base_model={repo_id!r} is neither a known name ('tiny', '{SMOLLM2}'), a local folder, a .gguf file, nor "

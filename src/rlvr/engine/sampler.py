@@ -13,6 +13,8 @@ tokens, so at equal weights ``kl_sample_train`` is ~0 whatever the sampling para
 itself differs from it whenever temperature != 1 or top-k/top-p truncate.
 
 Decode steps of Llama-family models run through ``decode.LlamaDecoder``; other models through Hugging Face's forward.
+A model the engine runs on its GPU paths (``device.GpuPaths``: on CUDA, or a CPU engine given them) is sampled by
+``device_sampler`` instead, whose state stays on the device; the CPU kernels are imported on the CPU path only.
 
 Not here: which requests are batched together (the engine decides), vLLM (``rlvr.distributed.vllm_sampler``).
 """
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from tinker import types
 
-from rlvr.engine.decode import LlamaDecoder
+from rlvr.engine.device import model_device, paths_of
 from rlvr.engine.kv_cache import GrowingCache, cache_kwargs, returned_cache
 from rlvr.errors import ConfigurationError
 
@@ -126,6 +128,11 @@ def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     So it runs in two levels: block sums of ``DRAW_BLOCK`` entries pick a block, a cumulative sum inside that block
     picks the entry. An entry of weight 0 is never drawn.
     """
+    return draw_uniform(weights, torch.rand((weights.shape[0], 1), generator=generator, dtype=weights.dtype))
+
+
+def draw_uniform(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """``draw`` with the row's uniform in [0, 1) given, (R, 1), on ``weights``' device."""
     rows, size = weights.shape
     if size % DRAW_BLOCK:
         weights = torch.nn.functional.pad(weights, (0, DRAW_BLOCK - size % DRAW_BLOCK))
@@ -134,7 +141,7 @@ def draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     block_cdf = block_sums.cumsum(-1)
     total = block_cdf[:, -1:]
     below = torch.nextafter(total, torch.zeros_like(total))  # u must stay < total, whatever rounding does
-    u = torch.minimum(torch.rand((rows, 1), generator=generator, dtype=weights.dtype) * total, below)
+    u = torch.minimum(uniforms * total, below)
     block = torch.searchsorted(block_cdf, u, right=True)  # (R, 1): the first block whose cumulative sum exceeds u
     u = u - (block_cdf.gather(-1, block) - block_sums.gather(-1, block))  # what is left inside that block
     inside = blocks.gather(1, block[:, :, None].expand(-1, -1, DRAW_BLOCK)).squeeze(1)  # (R, bs)
@@ -160,10 +167,11 @@ class SampleJob:
 
 
 @torch.inference_mode()
-def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_id: int
+def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, capacity: int = 0
             ) -> tuple[GrowingCache, torch.Tensor, torch.Tensor]:
-    """Run ``prompts`` left-padded through the model's forward at once: their cache (U rows), the attention mask
-    (U, P) marking the padding, and each prompt's next-token logits (U, V) float32."""
+    """Run ``prompts`` left-padded through the model's forward at once: their cache (U rows, ``capacity`` columns
+    reserved), the attention mask (U, P) marking the padding, and each prompt's next-token logits (U, V) float32,
+    all on the model's device."""
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (U, P) left-padded
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (U, P)
@@ -172,8 +180,10 @@ def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_id: int
         attention_mask[i, width - len(prompt):] = 1
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     padded = bool((attention_mask == 0).any())
+    device = model_device(model)
+    input_ids, attention_mask, position_ids = input_ids.to(device), attention_mask.to(device), position_ids.to(device)
     out = model(input_ids=input_ids, attention_mask=attention_mask if padded else None, position_ids=position_ids,
-                **cache_kwargs(GrowingCache()), logits_to_keep=1)
+                **cache_kwargs(GrowingCache(capacity)), logits_to_keep=1)
     return returned_cache(out), attention_mask, out.logits[:, -1, :].float()
 
 
@@ -187,7 +197,15 @@ def sample_batch(
     Distinct prompts are left-padded and prefilled together, once each; each prompt's cache rows are then repeated
     for its samples. Every step decodes all live rows at once, and finished rows leave the batch. Decode steps run
     through ``LlamaDecoder`` when the model is one it supports (``fast=False`` forces Hugging Face's forward).
+    A model on the GPU paths goes to ``device_sampler.sample_batch``.
     """
+    paths = paths_of(model)
+    if paths is not None:
+        from rlvr.engine import device_sampler
+
+        return device_sampler.sample_batch(model, jobs, decode, pad_id, paths)
+    from rlvr.engine.decode import LlamaDecoder  # the CPU kernels load on the CPU path only
+
     distinct = list(dict.fromkeys(tuple(job.prompt) for job in jobs))
     cache, attention_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id)
 

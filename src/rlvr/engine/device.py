@@ -1,0 +1,153 @@
+"""Where the engine computes: the device (CPU or one CUDA GPU), the precision of the base weights there, and which
+trainer and sampler paths it takes.
+
+- ``resolve_device``: ``"auto"`` (a CUDA GPU when torch sees one, else the CPU), ``"cpu"``, ``"cuda"`` (the current
+  GPU) or ``"cuda:N"``; ``None`` reads ``RLVR_DEVICE``, else ``"auto"``.
+- ``resolve_precision``: on the CPU, ``packed.base_precision`` (float32 by default, bfloat16 matmuls on oneDNN on
+  request); on CUDA the base weights are *stored* in bfloat16 by default (``"float32"`` on request), while LoRA
+  weights, AdamW state, logits and logprobs stay float32.
+- ``GpuPaths``: the trainer and sampler paths written for a GPU (packed sequences, chunked logprobs, a sampler whose
+  state stays on the device) and their settings. The engine takes them on CUDA; a CPU engine takes them when given
+  one (that is how the CPU tests check them). Without them, a CPU engine runs its own paths: the shared-prefix
+  trainer (``prefix.py``) and the CPU decoder with its C kernels (``decode.py``).
+
+The CPU kernels (``packed``, ``amx_linear``, ``fused_attention``, ``decode``) are imported only on the CPU paths, so
+a CUDA engine never loads them.
+
+Not here: moving models (``models.load_base_model``), the paths themselves (``packing.py``, ``device_sampler.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.errors import ConfigurationError
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N (N: a GPU index)"
+PRECISIONS = ("float32", "bfloat16")
+CUDA_DEFAULT_PRECISION = "bfloat16"
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """The device ``device`` names (see the module docstring), checked against this machine; CUDA devices always
+    carry their index (``cuda`` -> ``cuda:0`` on a one-GPU machine), so two names of one GPU compare equal."""
+    source = "device"
+    if device is None:
+        device = os.environ.get("RLVR_DEVICE") or "auto"
+        source = "RLVR_DEVICE" if os.environ.get("RLVR_DEVICE") else "device"
+    text = str(device) if isinstance(device, torch.device) else device
+    if not isinstance(text, str):
+        raise ConfigurationError(f"{source}={device!r} is not a device name: choose {DEVICE_CHOICES}")
+    if text == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    match = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if match is None:
+        raise ConfigurationError(f"{source}={device!r} is not a device rlvr runs on: choose {DEVICE_CHOICES}")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ConfigurationError(
+            f"{source}={device!r}, but torch sees no CUDA GPU here (torch {torch.__version__}, {build}): use 'cpu' or "
+            f"'auto' (which takes a GPU only when there is one), or run on a machine with an NVIDIA GPU and a CUDA "
+            f"build of torch")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if match.group(1) is None else int(match.group(1))
+    if index >= count:
+        raise ConfigurationError(f"{source}={device!r}, but this machine has {count} CUDA GPU(s), cuda:0 to "
+                                 f"cuda:{count - 1}: pick one of those")
+    return torch.device("cuda", index)
+
+
+def resolve_precision(precision: str | None, device: torch.device, paths: GpuPaths | None = None) -> str:
+    """The base weights' precision on ``device``: ``precision``, else ``RLVR_PRECISION``, else the device's default
+    (CPU: float32, see ``packed.supported_precision``; CUDA: bfloat16). A CPU on the GPU ``paths`` runs float32 only
+    (its bfloat16 is the CPU kernels')."""
+    chosen = precision or os.environ.get("RLVR_PRECISION")
+    if device.type == "cpu" and paths is None:
+        from rlvr.engine.packed import supported_precision  # the CPU kernels load on the CPU paths only
+
+        return supported_precision(precision)
+    source = "precision" if precision else "RLVR_PRECISION"
+    if device.type == "cpu":
+        if chosen not in (None, "float32"):
+            raise ConfigurationError(f"{source}={chosen!r}, but GPU paths on the CPU run in float32 only: drop "
+                                     "gpu_paths, or use precision='float32'")
+        return "float32"
+    chosen = chosen or CUDA_DEFAULT_PRECISION
+    if chosen not in PRECISIONS:
+        raise ConfigurationError(f"{source}={chosen!r}: choose one of {list(PRECISIONS)}")
+    if chosen == "bfloat16" and not torch.cuda.is_bf16_supported():
+        raise ConfigurationError(f"precision bfloat16 on {device}: this GPU has no bfloat16 arithmetic (it needs "
+                                 "compute capability 8.0, an A100 or later); use precision='float32'")
+    return chosen
+
+
+def weight_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The dtype base weights are stored in: bfloat16 on CUDA when ``precision`` is, else float32 (on the CPU the
+    weights stay float32 and ``packed`` keeps bfloat16 copies for its matmuls)."""
+    return torch.bfloat16 if device.type == "cuda" and precision == "bfloat16" else torch.float32
+
+
+def attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
+    """The transformers attention a model runs: flash-attention 2 on CUDA in bfloat16 where ``flash_attn`` is
+    installed (packed sequences then take its variable-length path), else PyTorch's SDPA (packed sequences under a
+    block-diagonal causal mask)."""
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError:
+            return "sdpa"
+        return "flash_attention_2"
+    return "sdpa"
+
+
+@dataclass(frozen=True)
+class GpuPaths:
+    """The trainer and sampler paths written for a GPU, and their settings (``packing.py``, ``device_sampler.py``)."""
+
+    row_tokens: int = 2048
+    """Tokens per packed row: the trainer packs datums into rows of at most this many tokens (a longer datum has a
+    row of its own); attention never crosses from one datum to another."""
+    logit_chunk: int = 1024
+    """Tokens whose output-layer logits exist at once in the trainer (a float32 chunk x vocabulary tensor), forward
+    and backward; the whole batch's logits never do."""
+    checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them: less memory for
+    about a third more compute."""
+    sync_every: int = 8
+    """Sampler decode steps between two looks from the host: finished rows leave the batch and stop strings are
+    matched there (stop token ids and lengths are checked on the device at every step)."""
+
+    def __post_init__(self) -> None:
+        for name in ("row_tokens", "logit_chunk", "sync_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"GpuPaths.{name} must be a positive integer, got {value!r}")
+
+
+_PATHS: weakref.WeakKeyDictionary[torch.nn.Module, GpuPaths] = weakref.WeakKeyDictionary()
+
+
+def attach_paths(model: torch.nn.Module, paths: GpuPaths | None) -> None:
+    """Record that the engine runs ``model`` (a base causal LM) on ``paths`` (None: the CPU paths)."""
+    if paths is None:
+        _PATHS.pop(model, None)
+    else:
+        _PATHS[model] = paths
+
+
+def paths_of(model: torch.nn.Module) -> GpuPaths | None:
+    """The ``GpuPaths`` ``model`` (a causal LM, peft-wrapped or not) runs on, or None for the CPU paths."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _PATHS.get(base)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device ``model``'s weights are on."""
+    return next(model.parameters()).device

@@ -1,0 +1,72 @@
+"""The sampler on CUDA: its logprobs against the trainer's (float32: 1e-4 per token; bfloat16: the rounding of
+bfloat16 base weights), seeds that reproduce, stops, on ``tiny`` and a small random Qwen3.
+
+Run on a machine with an NVIDIA GPU: ``pytest tests/gpu -m gpu``."""
+
+import pytest
+import torch
+
+import rlvr
+from datums import rl_datum
+from rlvr import types
+from rlvr.engine import Engine
+from rlvr.engine.random_models import small_config, write_model_folder
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return str(write_model_folder(small_config("qwen3"), tmp_path_factory.mktemp("qwen3") / "model", seed=1))
+
+
+def trained(engine: Engine, base_model: str):
+    tc = rlvr.ServiceClient(engine).create_lora_training_client(base_model=base_model, rank=8, seed=11)
+    tokens = tc.get_tokenizer().encode("some text to move the adapter away from zero")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    for _ in range(3):
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2))
+    return tc
+
+
+@pytest.mark.parametrize(("precision", "worst", "mean"), [("float32", 1e-4, 1e-5), ("bfloat16", None, 0.05)])
+@pytest.mark.parametrize("model", ["tiny", "qwen3"])
+def test_sampler_logprobs_equal_the_trainers(precision, worst, mean, model, qwen3):
+    tc = trained(Engine(device="cuda", precision=precision), qwen3 if model == "qwen3" else "tiny")
+    sampler = tc.save_weights_and_get_sampling_client()
+    tok = tc.get_tokenizer()
+    prompts = [tok.encode(text) for text in ("a", "a longer prompt", "mid size")]
+    params = [types.SamplingParams(max_tokens=24, temperature=t, seed=s) for t, s in ((1.0, 1), (0.7, 2), (1.0, 3))]
+    futures = [sampler.sample(types.ModelInput.from_ints(p), 4, sp) for p, sp in zip(prompts, params, strict=True)]
+    diffs = []
+    for prompt, future in zip(prompts, futures, strict=True):
+        for seq in future.result().sequences:
+            out = tc.forward([rl_datum(prompt, seq.tokens, seq.logprobs, 0.0)], "importance_sampling").result()
+            trainer = out.loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:]
+            diffs.append((trainer - torch.tensor(seq.logprobs)).abs())
+    diffs = torch.cat(diffs)
+    assert float(diffs.mean()) < mean, float(diffs.mean())
+    if worst is not None:
+        assert float(diffs.max()) < worst, float(diffs.max())
+
+
+def test_seeds_reproduce_and_stops_stop_on_cuda():
+    tc = trained(Engine(device="cuda"), "tiny")
+    sampler = tc.save_weights_and_get_sampling_client()
+    prompt = types.ModelInput.from_ints([10, 11, 12])
+
+    def draw(seed, stop=None, n=4):
+        params = types.SamplingParams(max_tokens=20, temperature=1.0, seed=seed, stop=stop if stop is not None else [])
+        return sampler.sample(prompt, n, params).result().sequences
+
+    assert [s.tokens for s in draw(5)] == [s.tokens for s in draw(5)]
+    assert [s.tokens for s in draw(5)] != [s.tokens for s in draw(6)]
+    free = draw(3, n=1)[0]
+    stop_token = free.tokens[4]
+    seq = draw(3, stop=[stop_token], n=1)[0]
+    assert seq.stop_reason == "stop" and seq.tokens == free.tokens[:free.tokens.index(stop_token) + 1]
+    text = tc.get_tokenizer().decode(free.tokens)
+    seq = draw(3, stop=[text[5:7]], n=1)[0]
+    assert seq.stop_reason == "stop" and text[5:7] not in tc.get_tokenizer().decode(seq.tokens[:-1])
