@@ -75,6 +75,8 @@ _POSITIONAL_BUGS = {
     "create_training_client_from_state_with_optimizer": "tinker's second positional parameter is base_model; rlvr's "
                                                         "is user_metadata, and base_model= is refused",
 }
+_POSITIONAL_BUGS |= {f"{name}_async": f"{reason} (the async twin has its sync call's parameters)"
+                     for name, reason in _POSITIONAL_BUGS.items()}
 
 
 def positional_cases() -> list:
@@ -117,6 +119,20 @@ def test_existing_async_twins_are_coroutine_functions():
         for name, fn in public_methods(ours).items():
             if name.endswith("_async") and name not in RLVR_ONLY:
                 assert inspect.iscoroutinefunction(fn), f"{ours.__name__}.{name}"
+
+
+def test_async_twins_take_their_sync_calls_parameters_and_are_annotated_as_tinkers():
+    # A twin shows its sync call's parameters, name and docstring; what it returns is what tinker's twin returns:
+    # the future for training calls, the client for create_*, the response itself for sample / compute_logprobs.
+    for ours, theirs in PAIRS:
+        for name, fn in public_methods(ours).items():
+            if not name.endswith("_async") or name in RLVR_ONLY:
+                continue
+            sync = getattr(ours, name.removesuffix("_async"))
+            mine = inspect.signature(fn)
+            assert mine.parameters == inspect.signature(sync).parameters, f"{ours.__name__}.{name}"
+            assert (fn.__name__, fn.__doc__) == (name, sync.__doc__)
+            assert mine.return_annotation == inspect.signature(getattr(theirs, name)).return_annotation, name
 
 
 @pytest.mark.xfail(strict=True, reason="ServiceClient.get_server_capabilities_async and "

@@ -1,11 +1,12 @@
 """rlvr.fileio: JSON Lines that any character a model writes survives, torn lines repaired, atomic files and folders."""
 
 import json
+import os
 
 import pytest
 
 from rlvr.errors import RunFileError
-from rlvr.fileio import append_jsonl, atomic_folder, jsonl_line, read_jsonl, write_atomic
+from rlvr.fileio import append_jsonl, atomic_file, atomic_folder, jsonl_line, read_jsonl, write_atomic
 
 # Every character str.splitlines() splits on besides "\n", the carriage return, a lone surrogate (text decoded with
 # surrogateescape), a replacement character (a broken UTF-8 tail decoded with errors="replace") and a NUL.
@@ -83,3 +84,35 @@ def test_atomic_folder_replaces_an_old_folder_and_keeps_it_on_failure(tmp_path):
         (folder / "w.txt").write_text("three")
     assert (target / "w.txt").read_text() == "two"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_atomic_file_takes_what_a_program_writes_and_removes_it_on_failure(tmp_path):
+    target = tmp_path / "lib.so"
+    with atomic_file(target, mode=0o755) as temp:
+        assert temp.parent == tmp_path and temp.read_bytes() == b"" and not target.exists()
+        temp.unlink()  # a linker deletes its output file and creates a new one
+        temp.write_bytes(b"one")
+    assert target.read_bytes() == b"one" and target.stat().st_mode & 0o777 == 0o755
+    with pytest.raises(RuntimeError):
+        with atomic_file(target) as temp:
+            temp.write_bytes(b"half")
+            raise RuntimeError("the compiler failed")
+    assert target.read_bytes() == b"one"
+    assert [p.name for p in tmp_path.iterdir()] == ["lib.so"]  # no temporary file left behind
+
+
+def test_atomic_folder_keeps_a_folder_another_process_renamed_in_after_the_check(tmp_path, monkeypatch):
+    target = tmp_path / "tiny"
+    rename = os.replace
+
+    def theirs_lands_first(src, dst):  # the other process's rename comes between our check and our rename
+        if str(dst) == str(target) and not target.exists():
+            target.mkdir()
+            (target / "w.txt").write_text("theirs")
+        rename(src, dst)
+
+    monkeypatch.setattr("os.replace", theirs_lands_first)
+    with atomic_folder(target, exist_ok=False) as folder:
+        (folder / "w.txt").write_text("ours")
+    assert (target / "w.txt").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]

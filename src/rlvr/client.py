@@ -20,8 +20,10 @@ Not here: model math (``rlvr.engine``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -36,6 +38,31 @@ from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision
 
 __all__ = ["LORA_ALPHA", "SamplingClient", "ServiceClient", "TrainingClient"]
+
+
+def _async_of(method: Callable[..., Any], awaited: bool = False) -> Callable[..., Any]:
+    """The ``<name>_async`` twin of ``method`` (a method of the class being defined): a coroutine function with its
+    parameters and docstring that calls ``self.<name>`` and returns what it returns, as tinker's training and
+    ``create_*`` twins do (the future, the client); with ``awaited``, what that future resolves to, as tinker's
+    ``sample_async`` and ``compute_logprobs_async`` do."""
+    name = method.__name__
+    if awaited:
+        async def twin(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await getattr(self, name)(*args, **kwargs)
+    else:
+        async def twin(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self, name)(*args, **kwargs)
+
+    functools.update_wrapper(twin, method)  # docstring, module; __wrapped__ resolves its annotations' names
+    twin.__name__, twin.__qualname__ = f"{name}_async", f"{method.__qualname__}_async"
+    signature = inspect.signature(method)
+    if awaited:  # "APIFuture[X]" -> "X"
+        returns = signature.return_annotation
+        returns = returns[returns.index("[") + 1:-1] if isinstance(returns, str) and "[" in returns else returns
+        signature = signature.replace(return_annotation=returns)
+    twin.__annotations__ = {**method.__annotations__, "return": signature.return_annotation}
+    twin.__signature__ = signature  # type: ignore[attr-defined]  # what inspect.signature shows
+    return twin
 
 
 class _SelfFuture:
@@ -87,16 +114,14 @@ class ServiceClient:
         trainer = self.engine.run(self.engine.create_trainer, base_model, spec, seed)
         return TrainingClient(self, trainer)
 
-    async def create_lora_training_client_async(self, base_model: str, **kwargs: Any) -> TrainingClient:
-        return self.create_lora_training_client(base_model, **kwargs)
+    create_lora_training_client_async = _async_of(create_lora_training_client)
 
     def create_training_client_from_state(self, path: str, user_metadata: dict[str, str] | None = None
                                           ) -> TrainingClient:
         """A TrainingClient with the weights saved at ``path`` (a save_state path) and a fresh optimizer."""
         return TrainingClient(self, self.engine.run(self.engine.trainer_from_state, path, False))
 
-    async def create_training_client_from_state_async(self, path: str, **kwargs: Any) -> TrainingClient:
-        return self.create_training_client_from_state(path, **kwargs)
+    create_training_client_from_state_async = _async_of(create_training_client_from_state)
 
     def create_training_client_from_state_with_optimizer(
         self, path: str, user_metadata: dict[str, str] | None = None
@@ -104,9 +129,8 @@ class ServiceClient:
         """A TrainingClient resuming exactly from ``path``: weights, AdamW moments, step and RNG state."""
         return TrainingClient(self, self.engine.run(self.engine.trainer_from_state, path, True))
 
-    async def create_training_client_from_state_with_optimizer_async(self, path: str, **kwargs: Any
-                                                                     ) -> TrainingClient:
-        return self.create_training_client_from_state_with_optimizer(path, **kwargs)
+    create_training_client_from_state_with_optimizer_async = _async_of(
+        create_training_client_from_state_with_optimizer)
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
                                **_ignored: Any) -> SamplingClient:
@@ -114,9 +138,7 @@ class ServiceClient:
         handle = self.engine.run(self.engine.sampler, model_path, base_model)
         return SamplingClient(self.engine, handle)
 
-    async def create_sampling_client_async(self, model_path: str | None = None, base_model: str | None = None,
-                                           **kwargs: Any) -> SamplingClient:
-        return self.create_sampling_client(model_path, base_model, **kwargs)
+    create_sampling_client_async = _async_of(create_sampling_client)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
         from rlvr.engine.models import SMOLLM2
@@ -156,19 +178,10 @@ class TrainingClient(_SelfFuture):
         """One AdamW step on the gradients accumulated since the last step; metrics hold ``grad_norm:mean``."""
         return self.engine.submit(self.engine.optim_step, self._trainer, adam_params)
 
-    async def forward_async(self, data: list[types.Datum], loss_fn: str,
-                            loss_fn_config: Mapping[str, float] | None = None) -> APIFuture:
-        return self.forward(data, loss_fn, loss_fn_config)
-
-    async def forward_backward_async(self, data: list[types.Datum], loss_fn: str,
-                                     loss_fn_config: Mapping[str, float] | None = None) -> APIFuture:
-        return self.forward_backward(data, loss_fn, loss_fn_config)
-
-    async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: CustomLossFn) -> APIFuture:
-        return self.forward_backward_custom(data, loss_fn)
-
-    async def optim_step_async(self, adam_params: types.AdamParams) -> APIFuture:
-        return self.optim_step(adam_params)
+    forward_async = _async_of(forward)
+    forward_backward_async = _async_of(forward_backward)
+    forward_backward_custom_async = _async_of(forward_backward_custom)
+    optim_step_async = _async_of(optim_step)
 
     # Checkpoints ---------------------------------------------------------------------------------------------------
 
@@ -197,20 +210,11 @@ class TrainingClient(_SelfFuture):
         path = self.engine.run(self.engine.save_for_sampler, self._trainer, name)
         return self.service.create_sampling_client(model_path=path)
 
-    async def save_state_async(self, name: str) -> APIFuture:
-        return self.save_state(name)
-
-    async def load_state_async(self, path: str) -> APIFuture:
-        return self.load_state(path)
-
-    async def load_state_with_optimizer_async(self, path: str) -> APIFuture:
-        return self.load_state_with_optimizer(path)
-
-    async def save_weights_for_sampler_async(self, name: str) -> APIFuture:
-        return self.save_weights_for_sampler(name)
-
-    async def save_weights_and_get_sampling_client_async(self, name: str | None = None) -> SamplingClient:
-        return self.save_weights_and_get_sampling_client(name)
+    save_state_async = _async_of(save_state)
+    load_state_async = _async_of(load_state)
+    load_state_with_optimizer_async = _async_of(load_state_with_optimizer)
+    save_weights_for_sampler_async = _async_of(save_weights_for_sampler)
+    save_weights_and_get_sampling_client_async = _async_of(save_weights_and_get_sampling_client)
 
     # Information ---------------------------------------------------------------------------------------------------
 
@@ -224,8 +228,7 @@ class TrainingClient(_SelfFuture):
             model_name=base.name,
         )
 
-    async def get_info_async(self) -> types.GetInfoResponse:
-        return self.get_info()
+    get_info_async = _async_of(get_info)
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         return self._trainer.host.base.tokenizer
@@ -261,17 +264,13 @@ class SamplingClient(_SelfFuture):
             raise ConfigurationError("topk_prompt_logprobs is not supported yet; use include_prompt_logprobs=True")
         return self.engine.submit_sample(self._handle, prompt, num_samples, sampling_params, include_prompt_logprobs)
 
-    async def sample_async(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
-                           include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0
-                           ) -> types.SampleResponse:
-        return await self.sample(prompt, num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)
+    sample_async = _async_of(sample, awaited=True)  # the response, as tinker's sample_async returns
 
     def compute_logprobs(self, prompt: types.ModelInput) -> APIFuture[list[float | None]]:
         """log p(token_i | tokens_<i) for every prompt token; None for the first."""
         return self.engine.submit(self.engine.compute_logprobs, self._handle, prompt)
 
-    async def compute_logprobs_async(self, prompt: types.ModelInput) -> list[float | None]:
-        return await self.compute_logprobs(prompt)
+    compute_logprobs_async = _async_of(compute_logprobs, awaited=True)
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         return self._handle.host.base.tokenizer

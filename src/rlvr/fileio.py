@@ -1,7 +1,8 @@
 """The files rlvr writes and reads back: atomic writes of a file or a folder, and JSON Lines.
 
 - :func:`write_atomic` writes a file to a temporary file beside it, syncs it and renames it into place, so a reader
-  or a crash sees the old file or the new one, never half of one.
+  or a crash sees the old file or the new one, never half of one. :func:`atomic_file` is the same for a file that
+  something else writes (a compiler, a copy from a stream): it yields the temporary file's path to fill.
 - :func:`atomic_folder` does the same for a folder: the caller fills a temporary folder, which replaces the target
   when the block ends without an error (an existing target is moved aside first, so one whole version exists at
   every moment) and is removed when it raises.
@@ -32,25 +33,34 @@ from typing import Any, BinaryIO
 
 from rlvr.errors import RunFileError
 
-__all__ = ["append_jsonl", "atomic_folder", "jsonl_line", "open_jsonl", "read_jsonl", "write_atomic"]
+__all__ = ["append_jsonl", "atomic_file", "atomic_folder", "jsonl_line", "open_jsonl", "read_jsonl", "write_atomic"]
 
 
 def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o644, errors: str = "strict") -> Path:
     """Write ``data`` to ``path`` through a synced temporary file renamed over it; returns ``path``. Text is
     encoded as UTF-8 with ``errors`` (``"replace"`` for pages a person reads, where a lone surrogate may appear)."""
+    with atomic_file(path, mode) as temp:
+        temp.write_bytes(data.encode("utf-8", errors) if isinstance(data, str) else data)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
+    """Yield the path of an empty temporary file beside ``path`` to fill; when the block ends without an error it
+    is synced, given ``mode`` and renamed over ``path``, and when it raises it is removed."""
     path = Path(path)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    temp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode("utf-8", errors) if isinstance(data, str) else data)
-            handle.flush()
+        yield temp
+        with open(temp, "rb") as handle:
             os.fsync(handle.fileno())
         os.chmod(temp, mode)  # mkstemp makes 0600; run files are for reading
         os.replace(temp, path)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
         raise
-    return path
 
 
 @contextlib.contextmanager
@@ -75,7 +85,11 @@ def atomic_folder(path: str | Path, exist_ok: bool = True) -> Iterator[Path]:
             os.replace(temp, path)
             shutil.rmtree(old, ignore_errors=True)
         elif not path.exists():
-            os.replace(temp, path)
+            try:
+                os.replace(temp, path)
+            except OSError:
+                if not path.exists():
+                    raise  # a real failure, not a folder that appeared since the check
     finally:
         shutil.rmtree(temp, ignore_errors=True)  # gone already when it was renamed
 

@@ -1,12 +1,14 @@
-"""The model-holding actors, built in this process (no Ray): their engines multiply in the run's precision."""
+"""The model-holding actors, built in this process (no Ray): their engines multiply in the run's precision, and a
+sampler replica sent no files for an adapter it lacks says so."""
 
 import shutil
 
 import pytest
 
 from rlvr.distributed.actors import SamplerActor, TrainerActor
+from rlvr.distributed.vllm_sampler import VLLMSampler
 from rlvr.engine.packed import bfloat16_supported
-from rlvr.errors import ConfigurationError
+from rlvr.errors import ConfigurationError, SamplingError
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
@@ -19,5 +21,19 @@ def test_actors_build_their_engines_in_the_runs_precision(precision):
     try:
         assert trainer._service.engine.precision == precision
         assert sampler._engine.precision == precision
+    finally:
+        shutil.rmtree(sampler._dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("replica", "name"), [(SamplerActor, "sampler replica 2"),
+                                               (VLLMSampler, "vLLM sampler replica 2")])
+def test_a_replica_sent_no_files_for_an_adapter_it_lacks_names_itself_and_the_adapter(replica, name):
+    sampler = replica(2)  # the vLLM one starts vLLM only once it has an adapter's files
+    try:
+        for files in (None, {}):
+            with pytest.raises(SamplingError, match=f"^{name} was asked for adapter 'rlvr://r/sampler_weights/s', "
+                                                    "which it does not hold, and was given no files"):
+                sampler.load("rlvr://r/sampler_weights/s", "0" * 64, files)
+        assert sampler.held() == {}
     finally:
         shutil.rmtree(sampler._dir, ignore_errors=True)

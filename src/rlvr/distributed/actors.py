@@ -29,7 +29,7 @@ from tinker import types
 
 from rlvr.client import ServiceClient, TrainingClient
 from rlvr.distributed.cluster import RestartableActor
-from rlvr.distributed.weights import adapter_digest, files_digest, read_folder, write_folder
+from rlvr.distributed.weights import adapter_digest, files_digest, read_folder, received_files, write_folder
 from rlvr.engine import checkpoint
 from rlvr.engine.engine import Engine, SamplerHandle
 from rlvr.errors import SamplingError
@@ -173,13 +173,7 @@ class SamplerActor(RestartableActor):
         engine = self._engine
         if key.startswith("base:"):
             return engine.run(engine.sampler, None, key.removeprefix("base:")), BASE_DIGEST
-        if files is not None and not isinstance(files, dict):  # a Ray ObjectRef, boxed by the caller
-            import ray
-
-            files = ray.get(files)
-        if not files:
-            raise SamplingError(f"sampler replica {self.index} was asked for adapter {key!r}, which it does not "
-                                "hold, and was given no files to load it from")
+        files = received_files(files, f"sampler replica {self.index}", key)
         self._loads += 1
         folder = write_folder(self._dir / f"adapter-{self._loads}", files)
         try:

@@ -28,7 +28,7 @@ from typing import Any
 
 from tinker import types
 
-from rlvr.client import _SelfFuture
+from rlvr.client import _async_of, _SelfFuture
 from rlvr.distributed.cluster import Replicas, import_ray, unwrap
 from rlvr.distributed.futures import ActorFuture
 from rlvr.errors import ConfigurationError, SamplingError, WorkerLostError
@@ -103,19 +103,11 @@ class RayServiceClient:
                                 "(to sample the untrained model)")
         return RaySamplingClient(self, _Publication(f"base:{base_model}", BASE_DIGEST, None), base_model)
 
-    async def create_lora_training_client_async(self, base_model: str, **kwargs: Any) -> RayTrainingClient:
-        return self.create_lora_training_client(base_model, **kwargs)
-
-    async def create_training_client_from_state_async(self, path: str, **kwargs: Any) -> RayTrainingClient:
-        return self.create_training_client_from_state(path, **kwargs)
-
-    async def create_training_client_from_state_with_optimizer_async(self, path: str, **kwargs: Any
-                                                                     ) -> RayTrainingClient:
-        return self.create_training_client_from_state_with_optimizer(path, **kwargs)
-
-    async def create_sampling_client_async(self, model_path: str | None = None, base_model: str | None = None,
-                                           **kwargs: Any) -> RaySamplingClient:
-        return self.create_sampling_client(model_path, base_model, **kwargs)
+    create_lora_training_client_async = _async_of(create_lora_training_client)
+    create_training_client_from_state_async = _async_of(create_training_client_from_state)
+    create_training_client_from_state_with_optimizer_async = _async_of(
+        create_training_client_from_state_with_optimizer)
+    create_sampling_client_async = _async_of(create_sampling_client)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
         from rlvr.client import ServiceClient
@@ -252,16 +244,10 @@ class RayTrainingClient(_SelfFuture):
         publication = self.service.publish(path, digest, files_ref)
         return RaySamplingClient(self.service, publication, self.get_info().model_name)
 
-    async def save_weights_and_get_sampling_client_async(self, name: str | None = None) -> RaySamplingClient:
-        return self.save_weights_and_get_sampling_client(name)
-
     def get_info(self) -> types.GetInfoResponse:
         if self._info is None:
             self._info = self.service._get(self.service.trainer.get_info.remote(self.model_id))
         return self._info
-
-    async def get_info_async(self) -> types.GetInfoResponse:
-        return self.get_info()
 
     def get_tokenizer(self) -> Any:
         if self._tokenizer is None:
@@ -273,31 +259,16 @@ class RayTrainingClient(_SelfFuture):
         """A copy of the adapter's current weights (not part of Tinker's API)."""
         return self.service._get(self.service.trainer.parameters.remote(self.model_id))
 
-    async def forward_async(self, data: list[types.Datum], loss_fn: str,
-                            loss_fn_config: Mapping[str, float] | None = None) -> ActorFuture:
-        return self.forward(data, loss_fn, loss_fn_config)
-
-    async def forward_backward_async(self, data: list[types.Datum], loss_fn: str,
-                                     loss_fn_config: Mapping[str, float] | None = None) -> ActorFuture:
-        return self.forward_backward(data, loss_fn, loss_fn_config)
-
-    async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: Any) -> ActorFuture:
-        return self.forward_backward_custom(data, loss_fn)
-
-    async def optim_step_async(self, adam_params: types.AdamParams) -> ActorFuture:
-        return self.optim_step(adam_params)
-
-    async def save_state_async(self, name: str) -> ActorFuture:
-        return self.save_state(name)
-
-    async def load_state_async(self, path: str) -> ActorFuture:
-        return self.load_state(path)
-
-    async def load_state_with_optimizer_async(self, path: str) -> ActorFuture:
-        return self.load_state_with_optimizer(path)
-
-    async def save_weights_for_sampler_async(self, name: str) -> ActorFuture:
-        return self.save_weights_for_sampler(name)
+    forward_async = _async_of(forward)
+    forward_backward_async = _async_of(forward_backward)
+    forward_backward_custom_async = _async_of(forward_backward_custom)
+    optim_step_async = _async_of(optim_step)
+    save_state_async = _async_of(save_state)
+    load_state_async = _async_of(load_state)
+    load_state_with_optimizer_async = _async_of(load_state_with_optimizer)
+    save_weights_for_sampler_async = _async_of(save_weights_for_sampler)
+    save_weights_and_get_sampling_client_async = _async_of(save_weights_and_get_sampling_client)
+    get_info_async = _async_of(get_info)
 
 
 class RaySamplingClient(_SelfFuture):
@@ -326,17 +297,13 @@ class RaySamplingClient(_SelfFuture):
             sampling_params = sampling_params.model_copy(update={"seed": self.service.next_seed()})
         return self._request("sample", prompt.to_ints(), num_samples, sampling_params, include_prompt_logprobs)
 
-    async def sample_async(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
-                           include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0
-                           ) -> types.SampleResponse:
-        return await self.sample(prompt, num_samples, sampling_params, include_prompt_logprobs, topk_prompt_logprobs)
+    sample_async = _async_of(sample, awaited=True)  # the response, as tinker's sample_async returns
 
     def compute_logprobs(self, prompt: types.ModelInput) -> ActorFuture[list[float | None]]:
         """log p(token_i | tokens_<i) for every prompt token; None for the first."""
         return self._request("compute_logprobs", prompt.to_ints())
 
-    async def compute_logprobs_async(self, prompt: types.ModelInput) -> list[float | None]:
-        return await self.compute_logprobs(prompt)
+    compute_logprobs_async = _async_of(compute_logprobs, awaited=True)
 
     def get_tokenizer(self) -> Any:
         return self.service.tokenizer_for(self._base_model)

@@ -48,7 +48,7 @@ import numpy as np
 from tinker import types
 
 from rlvr.distributed.cluster import RestartableActor
-from rlvr.distributed.weights import files_digest, read_folder, write_folder
+from rlvr.distributed.weights import files_digest, read_folder, received_files, write_folder
 from rlvr.engine.sampler import resolve_params
 from rlvr.errors import ConfigurationError, SamplingError
 
@@ -270,13 +270,7 @@ class VLLMSampler(RestartableActor):
         if key.startswith("base:"):
             self._start(key.removeprefix("base:"))
             return _Held(None, BASE_DIGEST, None)
-        if files is not None and not isinstance(files, dict):  # a Ray ObjectRef, boxed by the caller
-            import ray
-
-            files = ray.get(files)
-        if not files:
-            raise SamplingError(f"vLLM sampler replica {self.index} was asked for adapter {key!r}, which it does not "
-                                "hold, and was given no files to load it from")
+        files = received_files(files, f"vLLM sampler replica {self.index}", key)
         meta = json.loads(files["rlvr.json"])
         self._start(meta["base_model"])
         rank = int(meta["lora"]["rank"])

