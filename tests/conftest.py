@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 _real_home = Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
+# The suite's process engine runs on the CPU even where a GPU is visible (the `gpu` tests build CUDA engines of their
+# own); RLVR_DEVICE set by the caller wins.
+os.environ.setdefault("RLVR_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session", autouse=True)
