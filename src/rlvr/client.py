@@ -133,8 +133,11 @@ class ServiceClient:
         create_training_client_from_state_with_optimizer)
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
-                               **_ignored: Any) -> SamplingClient:
-        """A SamplingClient for saved sampler weights (``model_path``) or for an untrained ``base_model``."""
+                               record_stability_info: bool = False, **_ignored: Any) -> SamplingClient:
+        """A SamplingClient for saved sampler weights (``model_path``) or for an untrained ``base_model``.
+
+        ``record_stability_info`` is accepted as Tinker takes it: rlvr's ``stable_reinforce`` needs nothing recorded
+        beyond each datum's ``logprobs`` and provenance, and every sequence already carries a ``sequence_id``."""
         handle = self.engine.run(self.engine.sampler, model_path, base_model)
         return SamplingClient(self.engine, handle)
 
@@ -205,10 +208,12 @@ class TrainingClient(_SelfFuture):
 
         return self.engine.submit(job)
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None) -> SamplingClient:
-        """A SamplingClient on a snapshot of the current weights (written to disk too when ``name`` is given)."""
+    def save_weights_and_get_sampling_client(self, name: str | None = None, record_stability_info: bool = False
+                                             ) -> SamplingClient:
+        """A SamplingClient on a snapshot of the current weights (written to disk too when ``name`` is given);
+        ``record_stability_info`` as in ``ServiceClient.create_sampling_client``."""
         path = self.engine.run(self.engine.save_for_sampler, self._trainer, name)
-        return self.service.create_sampling_client(model_path=path)
+        return self.service.create_sampling_client(model_path=path, record_stability_info=record_stability_info)
 
     save_state_async = _async_of(save_state)
     load_state_async = _async_of(load_state)

@@ -14,7 +14,7 @@ COMPLETION = [119, 111, 114, 108, 100, 33]
 TOKENS = PROMPT + COMPLETION
 CONFIGS: dict[str, dict[str, float] | None] = {
     "cross_entropy": None, "importance_sampling": None, "ppo": {"clip_low_threshold": 0.7},
-    "cispo": None, "dro": {"beta": 0.5},
+    "cispo": None, "dro": {"beta": 0.5}, "gspo": {"clip_high_threshold": 1.5}, "stable_reinforce": {"kl_coeff": 0.2},
 }
 
 
@@ -26,7 +26,16 @@ def _datum(loss: str, shift: float) -> types.Datum:
     else:
         inputs["logprobs"] = types.TensorData(data=[-5.0 + shift + 0.1 * i for i in range(n)], dtype="float32")
         inputs["advantages"] = types.TensorData(data=[0.0] * 4 + [1.0 - shift] * (n - 4), dtype="float32")
-    return types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]), loss_fn_inputs=inputs)
+    if loss == "gspo":
+        inputs["sequence_ratio_mask"] = types.TensorData(data=[0.0] * 4 + [1.0] * (n - 4), dtype="float32")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]), loss_fn_inputs=inputs)
+    if loss == "stable_reinforce":  # targets 0..3 are prompt tokens 1..4, the rest sampled
+        datum = datum.with_provenance(
+            model_input=[types.PromptProvenanceSpan(sequence_id="s", length=5),
+                         types.SampledProvenanceSpan(sequence_id="s", length=n - 5)],
+            loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="s", offset=1, length=4),
+                            types.SampledProvenanceSpan(sequence_id="s", length=n - 4)])
+    return datum
 
 
 def _close(a, b, what: str) -> None:
@@ -102,6 +111,36 @@ def test_server_sdk_matches_in_process_client(sdk, service):
     sampler = sdk.create_sampling_client(model_path=path).result()
     _close(sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()[1:], lp_remote[1:],
            "named sampler weights")
+
+
+def test_server_sdk_stable_reinforce_on_sequences_sampled_with_stability_info(sdk, service):
+    """The cookbook's rl_loop path: sample with record_stability_info, name each sequence in the datum's provenance,
+    train stable_reinforce; the server gives the numbers of the same datums in process."""
+    remote = sdk.create_lora_training_client(base_model="tiny", rank=4, seed=77).result()
+    local = service.create_lora_training_client("tiny", rank=4, seed=77)
+    sampler = remote.save_weights_and_get_sampling_client(record_stability_info=True).result()
+    local.save_weights_and_get_sampling_client(record_stability_info=True)  # the in-process signature takes it too
+    prompt = types.ModelInput.from_ints(PROMPT)
+    response = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)).result()
+    data = []
+    for sequence, advantage in zip(response.sequences, (1.0, -1.0), strict=True):
+        tokens, ob_len = sequence.tokens, len(PROMPT) - 1
+        datum = types.Datum(
+            model_input=prompt.append(types.EncodedTextChunk(tokens=tokens[:-1])),
+            loss_fn_inputs={"target_tokens": [0] * ob_len + tokens,
+                            "logprobs": [0.0] * ob_len + [lp - 0.1 for lp in sequence.logprobs],
+                            "advantages": [0.0] * ob_len + [advantage] * len(tokens)})
+        data.append(datum.with_provenance(
+            model_input=[types.PromptProvenanceSpan(sequence_id=sequence.sequence_id, length=len(PROMPT)),
+                         types.SampledProvenanceSpan(sequence_id=sequence.sequence_id, length=len(tokens) - 1)],
+            loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sequence.sequence_id, offset=1, length=ob_len),
+                            types.SampledProvenanceSpan(sequence_id=sequence.sequence_id, length=len(tokens))]))
+    got = remote.forward_backward(data, "stable_reinforce").result()
+    want = local.forward_backward(data, "stable_reinforce").result()
+    for key in want.metrics:
+        _close(got.metrics[key], want.metrics[key], f"stable_reinforce {key}")
+    with pytest.raises(Exception, match="has no provenance"):
+        remote.forward_backward([_datum("importance_sampling", 0.0)], "stable_reinforce").result()
 
 
 def test_server_request_errors_reach_the_caller(sdk):

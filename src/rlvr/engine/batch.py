@@ -46,13 +46,29 @@ def model_input_tokens(model_input: types.ModelInput, vocab_size: int, where: st
     return tokens
 
 
+def sampled_mask(datum: types.Datum, where: str) -> torch.Tensor:
+    """1.0 at the targets the datum's provenance names as sampled tokens, 0.0 at prompt tokens, float32 (T,)."""
+    spans = datum.loss_fn_input_spans
+    if spans is None:
+        raise InvalidDatumError(
+            f"{where} has no provenance; this loss needs the sampled sequence behind every target: sample with "
+            "record_stability_info=True and attach datum.with_provenance(model_input=[...], loss_fn_inputs=[...]) "
+            "naming each SampledSequence.sequence_id"
+        )
+    mask = torch.cat([torch.full((span.length,), float(isinstance(span, types.SampledProvenanceSpan)))
+                      for span in spans]) if spans else torch.zeros(0)
+    return mask
+
+
 def check_data(
-    data: Sequence[types.Datum], required: Sequence[str], vocab_size: int, allow_extra: bool = False
+    data: Sequence[types.Datum], required: Sequence[str], vocab_size: int, allow_extra: bool = False,
+    provenance: bool = False,
 ) -> list[CheckedDatum]:
     """Check every datum of a ``forward``/``forward_backward`` call and convert it to tensors.
 
     ``required`` names the loss's inputs besides ``target_tokens``; with ``allow_extra`` (custom losses) other keys
-    pass through unchecked except for length.
+    pass through unchecked except for length. With ``provenance`` every datum must carry provenance, turned into the
+    input ``sampled_mask``.
     """
     if not isinstance(data, Sequence) or isinstance(data, (str, bytes)) or len(data) == 0:
         raise InvalidDatumError("data must be a non-empty list of tinker Datum")
@@ -99,5 +115,11 @@ def check_data(
                 raise InvalidDatumError(f"data[{i}].loss_fn_inputs[{key!r}][{position}] is "
                                         f"{float(tensor[position])}; it must be finite")
             inputs[key] = tensor
+        if provenance:
+            mask = sampled_mask(datum, f"data[{i}]")
+            if mask.shape[0] != len(tokens):
+                raise InvalidDatumError(f"data[{i}].loss_fn_input_spans cover {mask.shape[0]} targets but the datum "
+                                        f"has {len(tokens)}; the spans must tile target_tokens exactly")
+            inputs["sampled_mask"] = mask
         checked.append(CheckedDatum(torch.tensor(tokens, dtype=torch.int64), targets, inputs))
     return checked

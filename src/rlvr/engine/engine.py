@@ -195,7 +195,7 @@ class Engine:
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: str, loss_fn_config: dict | None, backward: bool
     ) -> types.ForwardBackwardOutput:
         spec, config = resolve_loss(loss_fn, loss_fn_config)
-        checked = check_data(data, spec.inputs, self._vocab_size(trainer.host))
+        checked = check_data(data, spec.inputs, self._vocab_size(trainer.host), provenance=spec.provenance)
         outputs: list[torch.Tensor] = [torch.empty(0)] * len(checked)
         metrics: list[tuple[dict[str, float], int]] = []
         params = list(trainer.host.parameters(trainer.adapter).values())
@@ -207,8 +207,10 @@ class Engine:
                     by_row = self._logprobs(trainer, checked, clusters)
                     logprobs = [by_row[i] for i in group]
                     flat = torch.cat(logprobs)
-                    inputs = [torch.cat([checked[i].inputs[k] for i in group]).to(flat.device) for k in spec.inputs]
-                    loss, group_metrics = spec.fn(flat, *inputs, **config)
+                    inputs = [torch.cat([checked[i].inputs[k] for i in group]).to(flat.device)
+                              for k in spec.arguments]
+                    extra = {"lengths": [len(lp) for lp in logprobs]} if spec.per_datum else {}
+                    loss, group_metrics = spec.fn(flat, *inputs, **extra, **config)
                 if not torch.isfinite(loss):
                     raise InvalidDatumError(f"loss_fn={loss_fn!r} gave a non-finite loss ({loss.item()}); no "
                                             "gradient was applied. Check the advantages and logprobs for extremes")

@@ -309,7 +309,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         if req.sampling_session_id is None:
             raise wire.BadRequest("asample needs sampling_session_id; create one with create_sampling_client")
         for name, default in (("topk_sample_logprobs", 0), ("prompt_alt_tokens_k", 0), ("target_prompt_logprobs", None),
-                              ("prompt_logprobs_last_n", None), ("record_stability_info", None)):
+                              ("prompt_logprobs_last_n", None)):
             if getattr(req, name) not in (default, False):
                 raise wire.BadRequest(f"{name}={getattr(req, name)!r} is not supported by rlvr; leave it unset")
         if req.num_samples < 1:

@@ -182,7 +182,24 @@ def _datum(msg: pb.Datum, index: int) -> types.Datum:
                              "whole number of int32 tokens")
         chunks.append(types.EncodedTextChunk(tokens=np.frombuffer(raw, dtype=np.int32).tolist()))
     inputs = {name: _tensor(t, f"data[{index}].loss_fn_inputs[{name!r}]") for name, t in msg.loss_fn_inputs.items()}
-    return types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+    datum = types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+    if not msg.model_input_spans and not msg.loss_fn_input_spans:
+        return datum
+    spans = {field: [_span(s, f"data[{index}].{field}[{j}]") for j, s in enumerate(getattr(msg, field))]
+             for field in ("model_input_spans", "loss_fn_input_spans")}
+    return types.Datum(model_input=datum.model_input, loss_fn_inputs=datum.loss_fn_inputs, **spans)
+
+
+def _span(msg: pb.ProvenanceSpan, where: str) -> types.PromptProvenanceSpan | types.SampledProvenanceSpan:
+    kind = msg.WhichOneof("span")
+    if kind is None:
+        raise BadRequest(f"forward_backward: {where} is empty; a provenance span is prompt_tokens or sampled_tokens")
+    arm = getattr(msg, kind)
+    cls = types.SampledProvenanceSpan if kind == "sampled_tokens" else types.PromptProvenanceSpan
+    try:
+        return cls(sequence_id=arm.sequence_id, offset=arm.offset, length=arm.length)
+    except ValueError as exc:
+        raise BadRequest(f"forward_backward: {where} is not a valid span ({exc})") from exc
 
 
 def _tensor(msg: pb.Tensor, where: str) -> types.TensorData:
