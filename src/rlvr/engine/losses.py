@@ -167,7 +167,7 @@ def stable_reinforce(
     kl = (ratio - 1 - torch.log(ratio))[sampled].sum()
     loss = -pg + kl_coeff * kl
     return loss, {"loss:sum": loss.item(), "kl_sample_train_k3:sum": kl.item(),
-                  "truncated_fraction:mean": _mean((ratio < 1)[sampled])}
+                  "truncated_tokens:sum": float((ratio < 1)[sampled].sum())}
 
 
 def _mean(mask: Tensor) -> float:
