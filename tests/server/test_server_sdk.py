@@ -143,6 +143,26 @@ def test_server_sdk_stable_reinforce_on_sequences_sampled_with_stability_info(sd
         remote.forward_backward([_datum("importance_sampling", 0.0)], "stable_reinforce").result()
 
 
+def test_server_sdk_topk_cross_entropy_with_sparse_targets(sdk, service):
+    """Top-K distillation's datum, (T, K) target_tokens and weights sent as sparse CSR by the SDK, trains through the
+    server with the in-process numbers, and the (T, K) logprobs come back."""
+    import torch
+
+    targets, weights = torch.zeros(5, 6, dtype=torch.int64), torch.zeros(5, 6)
+    targets[:, 0], weights[:, 0] = torch.tensor(TOKENS[1:6]), 0.8
+    targets[[1, 3], 2], weights[[1, 3], 2] = torch.tensor([40, 50]), 0.2
+    datum = types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:5]),
+                        loss_fn_inputs={"target_tokens": targets, "weights": weights})
+    assert datum.loss_fn_inputs["weights"].sparse_crow_indices is not None
+    remote = sdk.create_lora_training_client(base_model="tiny", rank=4, seed=78).result()
+    local = service.create_lora_training_client("tiny", rank=4, seed=78)
+    got = remote.forward_backward([datum], "cross_entropy").result()
+    want = local.forward_backward([datum], "cross_entropy").result()
+    _close(got.metrics["loss:sum"], want.metrics["loss:sum"], "top-K loss")
+    assert got.loss_fn_outputs[0]["logprobs"].to_numpy().shape == (5, 6)
+    _close(got.loss_fn_outputs[0]["logprobs"].to_numpy(), want.loss_fn_outputs[0]["logprobs"].to_numpy(), "top-K")
+
+
 def test_server_request_errors_reach_the_caller(sdk):
     remote = sdk.create_lora_training_client(base_model="tiny", rank=2, seed=1).result()
     with pytest.raises(Exception, match="not a built-in loss"):

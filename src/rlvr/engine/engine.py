@@ -195,7 +195,8 @@ class Engine:
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: str, loss_fn_config: dict | None, backward: bool
     ) -> types.ForwardBackwardOutput:
         spec, config = resolve_loss(loss_fn, loss_fn_config)
-        checked = check_data(data, spec.inputs, self._vocab_size(trainer.host), provenance=spec.provenance)
+        checked = check_data(data, spec.inputs, self._vocab_size(trainer.host), provenance=spec.provenance,
+                             topk=spec.topk)
         outputs: list[torch.Tensor] = [torch.empty(0)] * len(checked)
         metrics: list[tuple[dict[str, float], int]] = []
         params = list(trainer.host.parameters(trainer.adapter).values())

@@ -31,7 +31,12 @@ Metrics = dict[str, float]
 
 
 def cross_entropy(target_logprobs: Tensor, weights: Tensor) -> tuple[Tensor, Metrics]:
-    """Weighted negative log-likelihood: ``loss = -sum_t w_t * log p(x_t)``."""
+    """Weighted negative log-likelihood: ``loss = -sum_t w_t * log p(x_t)``.
+
+    With (N, K) ``target_tokens`` and ``weights`` (top-K distillation) ``target_logprobs`` is (N, K) too and
+    ``loss = -sum_t sum_k w_{t,k} * log p(x_{t,k})``; soft-target distillation sets ``w_{t,k}`` to the teacher's
+    probability of ``x_{t,k}``.
+    """
     loss = -(weights * target_logprobs).sum()
     return loss, {"loss:sum": loss.item()}
 
@@ -188,6 +193,8 @@ class LossSpec:
     """Every datum must carry provenance (``Datum.with_provenance``); ``fn`` also takes ``sampled_mask``."""
     per_datum: bool = False
     """``fn`` also takes ``lengths``, the datums' token counts, to work per sequence."""
+    topk: bool = False
+    """``target_tokens`` and ``inputs`` may be (N, K): K targets per position, ``target_logprobs`` (N, K) too."""
 
     @property
     def arguments(self) -> tuple[str, ...]:
@@ -196,7 +203,7 @@ class LossSpec:
 
 
 LOSSES: dict[str, LossSpec] = {
-    "cross_entropy": LossSpec(cross_entropy, ("weights",)),
+    "cross_entropy": LossSpec(cross_entropy, ("weights",), topk=True),
     "importance_sampling": LossSpec(importance_sampling, ("logprobs", "advantages")),
     "ppo": LossSpec(ppo, ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
     "cispo": LossSpec(cispo, ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
