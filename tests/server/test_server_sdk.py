@@ -163,6 +163,37 @@ def test_server_sdk_topk_cross_entropy_with_sparse_targets(sdk, service):
     _close(got.loss_fn_outputs[0]["logprobs"].to_numpy(), want.loss_fn_outputs[0]["logprobs"].to_numpy(), "top-K")
 
 
+def test_server_sdk_sampling_scores_match_in_process(sdk, service):
+    """Every optional score of ``sample`` through rlvr serve, decoded by the SDK, equals the in-process answer."""
+    import torch
+
+    remote = sdk.create_sampling_client(base_model="tiny").result()
+    local = service.create_sampling_client(base_model="tiny")
+    ids = torch.full((len(PROMPT) - 1, 2), -1, dtype=torch.int64)
+    ids[1, 0], ids[3, 1] = 40, PROMPT[4]
+    kwargs = dict(include_prompt_logprobs=True, topk_prompt_logprobs=3, topk_sample_logprobs=2,
+                  target_prompt_logprobs=types.TensorData.from_torch_sparse(ids, pad_value=-1),
+                  prompt_alt_tokens_k=4, prompt_logprobs_last_n=3)
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=5)
+    got = remote.sample(types.ModelInput.from_ints(PROMPT), 2, params, **kwargs).result()
+    want = local.sample(types.ModelInput.from_ints(PROMPT), 2, params, **kwargs).result()
+    assert got.prompt_logprobs[:3] == [None] * 3
+    _close(got.prompt_logprobs[3:], want.prompt_logprobs[3:], "last-N prompt logprobs")
+    assert got.topk_prompt_logprobs[:3] == [None] * 3 and len(got.topk_prompt_logprobs) == len(PROMPT)
+    for g, w in zip(got.topk_prompt_logprobs[3:], want.topk_prompt_logprobs[3:], strict=True):
+        assert [t for t, _ in g] == [t for t, _ in w]
+        _close([lp for _, lp in g], [lp for _, lp in w], "top-k prompt logprobs")
+    assert got.target_prompt_logprobs.sparse_crow_indices == want.target_prompt_logprobs.sparse_crow_indices
+    _close(got.target_prompt_logprobs.to_numpy(), want.target_prompt_logprobs.to_numpy(), "target prompt logprobs")
+    np.testing.assert_array_equal(got.prompt_alt_tokens.tokens.to_numpy(), want.prompt_alt_tokens.tokens.to_numpy())
+    _close(got.prompt_alt_tokens.logprobs.to_numpy(), want.prompt_alt_tokens.logprobs.to_numpy(), "alt logprobs")
+    for g, w in zip(got.sequences, want.sequences, strict=True):
+        assert g.tokens == w.tokens and len(g.topk_logprobs) == len(g.tokens)
+        for gr, wr in zip(g.topk_logprobs, w.topk_logprobs, strict=True):
+            assert [t for t, _ in gr] == [t for t, _ in wr]
+            _close([lp for _, lp in gr], [lp for _, lp in wr], "top-k sample logprobs")
+
+
 def test_server_request_errors_reach_the_caller(sdk):
     remote = sdk.create_lora_training_client(base_model="tiny", rank=2, seed=1).result()
     with pytest.raises(Exception, match="not a built-in loss"):
