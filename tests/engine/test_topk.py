@@ -51,8 +51,10 @@ def test_topk_cross_entropy_is_the_weighted_sum_of_full_log_softmax_entries(path
     assert out.metrics["loss:sum"] == pytest.approx(-(weights * want).sum().item(), rel=1e-5)
 
 
-def test_topk_gradient_equals_k_one_dimensional_cross_entropies(service):
+@pytest.mark.parametrize("paths", [None, GpuPaths(row_tokens=16, logit_chunk=2)], ids=["cpu-path", "packed-path"])
+def test_topk_gradient_equals_k_one_dimensional_cross_entropies(paths):
     # -sum_t sum_k w_tk log p(x_tk) is the sum over k of the 1-D loss on column k: same loss, same step.
+    service = rlvr.ServiceClient(Engine(device="cpu", gpu_paths=paths))
     columns = [types.Datum(model_input=types.ModelInput.from_ints(INPUT),
                            loss_fn_inputs={"target_tokens": TARGETS[:, k].tolist(), "weights": WEIGHTS[:, k].tolist()})
                for k in range(TARGETS.shape[1])]
