@@ -238,8 +238,9 @@ def test_a_failing_request_fails_on_its_future_and_the_next_one_still_runs(tc):
 
 def test_unsupported_and_missing_arguments_are_refused_by_name(service, tc):
     sampler = service.create_sampling_client(base_model="tiny")
-    with pytest.raises(ConfigurationError, match="topk_prompt_logprobs is not supported yet"):
-        sampler.sample(types.ModelInput.from_ints([1]), 1, types.SamplingParams(max_tokens=1), topk_prompt_logprobs=2)
+    with pytest.raises(SamplingError, match="prompt_logprobs_last_n=1 needs include_prompt_logprobs=True"):
+        sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=1),
+                       prompt_logprobs_last_n=1).result()
     with pytest.raises(SamplingError, match="model_path .* or base_model"):
         service.create_sampling_client()
     with pytest.raises(ConfigurationError, match="rank must be a positive integer, got 0"):

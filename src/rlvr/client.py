@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 from rlvr.engine.device import resolve_device
 from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
 from rlvr.engine.lora import LORA_ALPHA, LoraSpec
+from rlvr.engine.scores import ScoreRequest
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision
 
@@ -133,8 +134,12 @@ class ServiceClient:
         create_training_client_from_state_with_optimizer)
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
+                               retry_config: Any = None, record_stability_info: bool = False,
                                **_ignored: Any) -> SamplingClient:
-        """A SamplingClient for saved sampler weights (``model_path``) or for an untrained ``base_model``."""
+        """A SamplingClient for saved sampler weights (``model_path``) or for an untrained ``base_model``.
+
+        ``record_stability_info`` is accepted as Tinker takes it: rlvr's ``stable_reinforce`` needs nothing recorded
+        beyond each datum's ``logprobs`` and provenance, and every sequence already carries a ``sequence_id``."""
         handle = self.engine.run(self.engine.sampler, model_path, base_model)
         return SamplingClient(self.engine, handle)
 
@@ -205,10 +210,12 @@ class TrainingClient(_SelfFuture):
 
         return self.engine.submit(job)
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None) -> SamplingClient:
-        """A SamplingClient on a snapshot of the current weights (written to disk too when ``name`` is given)."""
+    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config: Any = None,
+                                             record_stability_info: bool = False) -> SamplingClient:
+        """A SamplingClient on a snapshot of the current weights (written to disk too when ``name`` is given);
+        ``record_stability_info`` as in ``ServiceClient.create_sampling_client``."""
         path = self.engine.run(self.engine.save_for_sampler, self._trainer, name)
-        return self.service.create_sampling_client(model_path=path)
+        return self.service.create_sampling_client(model_path=path, record_stability_info=record_stability_info)
 
     save_state_async = _async_of(save_state)
     load_state_async = _async_of(load_state)
@@ -257,12 +264,17 @@ class SamplingClient(_SelfFuture):
         sampling_params: types.SamplingParams,
         include_prompt_logprobs: bool = False,
         topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: types.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
     ) -> APIFuture[types.SampleResponse]:
         """``num_samples`` continuations of ``prompt``; each has tokens, one logprob per token (under the model at
-        temperature 1, see ``rlvr.engine.sampler``) and a stop reason (``"stop"`` or ``"length"``)."""
-        if topk_prompt_logprobs:
-            raise ConfigurationError("topk_prompt_logprobs is not supported yet; use include_prompt_logprobs=True")
-        return self.engine.submit_sample(self._handle, prompt, num_samples, sampling_params, include_prompt_logprobs)
+        temperature 1, see ``rlvr.engine.sampler``) and a stop reason (``"stop"`` or ``"length"``). The other
+        arguments are Tinker's optional prompt and sample scores (``rlvr.engine.scores``)."""
+        scores = ScoreRequest(include_prompt_logprobs, topk_prompt_logprobs, topk_sample_logprobs,
+                              target_prompt_logprobs, prompt_alt_tokens_k, prompt_logprobs_last_n)
+        return self.engine.submit_sample(self._handle, prompt, num_samples, sampling_params, scores=scores)
 
     sample_async = _async_of(sample, awaited=True)  # the response, as tinker's sample_async returns
 

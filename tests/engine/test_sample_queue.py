@@ -13,6 +13,7 @@ import pytest
 from rlvr.engine import sample_queue
 from rlvr.engine.sample_queue import SampleQueue, _chunks
 from rlvr.engine.sampler import SampleJob, Sequence_
+from rlvr.engine.scores import ScoreRequest
 
 
 class _Recorder:
@@ -65,7 +66,7 @@ def test_requests_decode_together_by_weights_in_bounded_chunks(decoded):
     on = {"a0": SimpleNamespace(host=a, adapter=None), "a1": SimpleNamespace(host=a, adapter="sampler_1"),
           "b0": SimpleNamespace(host=b, adapter=None)}
     order = [("a0", 1, 2), ("b0", 2, 1), ("a0", 3, 2), ("a1", 4, 3), ("a0", 5, 1), ("a0", 6, 3)]
-    futures = [queue.submit(on[weights], _job(token, n), include_prompt_logprobs=token == 3)
+    futures = [queue.submit(on[weights], _job(token, n), ScoreRequest(prompt_logprobs=token == 3))
                for weights, token, n in order]
     assert executor.submitted == [queue.drain] * len(order)  # each request wakes the engine thread
     queue.drain()
@@ -84,8 +85,8 @@ def test_requests_decode_together_by_weights_in_bounded_chunks(decoded):
 
 def test_a_failed_decode_fails_its_own_chunk_only(decoded):
     queue = SampleQueue(_Recorder(), lambda *args: None, max_rows=8)
-    bad = queue.submit(SimpleNamespace(host=_host("boom"), adapter=None), _job(1, 2), False)
-    good = queue.submit(SimpleNamespace(host=_host("fine"), adapter=None), _job(2, 2), False)
+    bad = queue.submit(SimpleNamespace(host=_host("boom"), adapter=None), _job(1, 2), ScoreRequest())
+    good = queue.submit(SimpleNamespace(host=_host("fine"), adapter=None), _job(2, 2), ScoreRequest())
     queue.drain()
     with pytest.raises(RuntimeError, match="decode failed"):
         bad.result(timeout=0)

@@ -43,6 +43,7 @@ from rlvr.engine.packing import PackedRow
 from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
 from rlvr.engine.sample_queue import SampleQueue
 from rlvr.engine.sampler import SampleJob, resolve_params
+from rlvr.engine.scores import ScoreRequest
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -195,7 +196,8 @@ class Engine:
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: str, loss_fn_config: dict | None, backward: bool
     ) -> types.ForwardBackwardOutput:
         spec, config = resolve_loss(loss_fn, loss_fn_config)
-        checked = check_data(data, spec.inputs, self._vocab_size(trainer.host))
+        checked = check_data(data, spec.inputs, self._vocab_size(trainer.host), provenance=spec.provenance,
+                             topk=spec.topk)
         outputs: list[torch.Tensor] = [torch.empty(0)] * len(checked)
         metrics: list[tuple[dict[str, float], int]] = []
         params = list(trainer.host.parameters(trainer.adapter).values())
@@ -207,8 +209,10 @@ class Engine:
                     by_row = self._logprobs(trainer, checked, clusters)
                     logprobs = [by_row[i] for i in group]
                     flat = torch.cat(logprobs)
-                    inputs = [torch.cat([checked[i].inputs[k] for i in group]).to(flat.device) for k in spec.inputs]
-                    loss, group_metrics = spec.fn(flat, *inputs, **config)
+                    inputs = [torch.cat([checked[i].inputs[k] for i in group]).to(flat.device)
+                              for k in spec.arguments]
+                    extra = {"lengths": [len(lp) for lp in logprobs]} if spec.per_datum else {}
+                    loss, group_metrics = spec.fn(flat, *inputs, **extra, **config)
                 if not torch.isfinite(loss):
                     raise InvalidDatumError(f"loss_fn={loss_fn!r} gave a non-finite loss ({loss.item()}); no "
                                             "gradient was applied. Check the advantages and logprobs for extremes")
@@ -358,15 +362,20 @@ class Engine:
         num_samples: int,
         params: types.SamplingParams,
         include_prompt_logprobs: bool = False,
+        scores: ScoreRequest | None = None,
     ) -> AwaitableConcurrentFuture:
-        """Queue a sampling request. Requests waiting together for the same weights are decoded as one batch."""
+        """Queue a sampling request. Requests waiting together for the same weights are decoded as one batch.
+        ``scores`` asks for prompt and sample scores besides the samples (``scores.py``); ``include_prompt_logprobs``
+        is its ``prompt_logprobs`` alone."""
         future: Future = Future()
+        scores = scores or ScoreRequest(prompt_logprobs=include_prompt_logprobs)
         try:
             job = self._sample_job(handle, prompt, num_samples, params)
+            scores.check(len(job.prompt), self._vocab_size(handle.host))
         except Exception as exc:  # Bad requests fail on their own future, before joining any batch.
             future.set_exception(exc)
             return AwaitableConcurrentFuture(future)
-        return self._samples.submit(handle, job, include_prompt_logprobs)
+        return self._samples.submit(handle, job, scores)
 
     def _sample_job(self, handle: SamplerHandle, prompt: types.ModelInput, num_samples: int,
                     params: types.SamplingParams) -> SampleJob:

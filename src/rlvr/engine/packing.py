@@ -70,12 +70,14 @@ def plan(lengths: Sequence[int], row_tokens: int, max_tokens: int) -> list[list[
 
 def _chunk_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = head(hidden).float()  # (n, V)
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    wanted = targets.reshape(len(targets), -1)  # (n, K): K = 1 for (n,) targets, K for top-K (n, K) targets
+    return (logits.gather(-1, wanted) - logits.logsumexp(-1, keepdim=True)).reshape(targets.shape)
 
 
 def target_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk: int) -> torch.Tensor:
-    """log softmax(head(hidden))[targets] per row of ``hidden`` (N, H), float32 (N,), ``chunk`` rows at a time; when
-    gradients flow, each chunk's logits are recomputed in the backward pass instead of kept."""
+    """log softmax(head(hidden))[targets] per row of ``hidden`` (N, H), float32 shaped like ``targets`` ((N,) or
+    (N, K)), ``chunk`` rows at a time; when gradients flow, each chunk's logits are recomputed in the backward pass
+    instead of kept."""
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
     pieces = []
     for start in range(0, hidden.shape[0], chunk):
@@ -84,7 +86,7 @@ def target_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.
             pieces.append(checkpoint(_chunk_logprobs, head, h, t, use_reentrant=False, preserve_rng_state=False))
         else:
             pieces.append(_chunk_logprobs(head, h, t))
-    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    return torch.cat(pieces) if pieces else hidden.new_zeros(targets.shape, dtype=torch.float32)
 
 
 @contextlib.contextmanager

@@ -115,8 +115,8 @@ def cluster_logprobs(
     model: torch.nn.Module, input_ids: Sequence[torch.Tensor], targets: Sequence[torch.Tensor],
     clusters: Sequence[Cluster], pad_id: int,
 ) -> dict[int, torch.Tensor]:
-    """log p(targets[i][t] | input_ids[i][:t+1]) for every row of ``clusters``, (T_i,) each, by row index;
-    differentiable when grad is enabled."""
+    """log p(targets[i][t] | input_ids[i][:t+1]) for every row of ``clusters``, (T_i,) each (or (T_i, K) for
+    top-K targets (T_i, K)), by row index; differentiable when grad is enabled."""
     lengths = {r: len(input_ids[r]) for c in clusters for r in c.rows}
     width = max(c.shared for c in clusters)
     prefix_ids = torch.full((len(clusters), width), pad_id, dtype=torch.long)  # (U, W)
@@ -133,7 +133,7 @@ def cluster_logprobs(
     members = [(u, r) for u, cluster in enumerate(clusters) for r in cluster.rows]
     rests = [lengths[r] - clusters[u].shared for u, r in members]
     kv = [(layer.keys, layer.values) for layer in returned_cache(out).layers]  # (U, H, W, D) each
-    tails = {j: prefix_lse.new_zeros(0) for j, rest in enumerate(rests) if rest == 0}
+    tails = {j: prefix_lse.new_zeros((0, *targets[r].shape[1:])) for j, (_, r) in enumerate(members) if rests[j] == 0}
     for bucket in _buckets([j for j, rest in enumerate(rests) if rest], rests):
         width = rests[bucket[0]]
         suffix_ids = torch.full((len(bucket), width), pad_id, dtype=torch.long)  # (B, S)
@@ -150,17 +150,26 @@ def cluster_logprobs(
                        ).logits.float()  # (B, S, V)
         rows = [b for b, j in enumerate(bucket) for _ in range(rests[j])]
         steps = [t for j in bucket for t in range(rests[j])]
-        tokens = [t for j in bucket for t in targets[members[j][1]][-rests[j]:].tolist()]
-        values = logits[rows, steps, tokens] - logits.logsumexp(-1)[rows, steps]  # one gather per forward
+        tokens = torch.cat([targets[members[j][1]][-rests[j]:] for j in bucket])
+        values = _gather(logits, logits.logsumexp(-1), rows, steps, tokens)  # one gather per forward
         tails.update(zip(bucket, values.split([rests[j] for j in bucket]), strict=True))
 
     # One gather over the prefix logits (a gather per row would make its backward fill a logits-sized tensor each).
     rows = [u for u, r in members for _ in range(clusters[u].shared)]
     steps = [t for u, _ in members for t in range(clusters[u].shared)]
-    tokens = [t for u, r in members for t in targets[r][:clusters[u].shared].tolist()]
-    head = prefix_logits[rows, steps, tokens] - prefix_lse[rows, steps]
+    tokens = torch.cat([targets[r][:clusters[u].shared] for u, r in members])
+    head = _gather(prefix_logits, prefix_lse, rows, steps, tokens)
     heads = head.split([clusters[u].shared for u, _ in members])
     return {r: torch.cat([h, tails[j]]) for j, ((_, r), h) in enumerate(zip(members, heads, strict=True))}
+
+
+def _gather(logits: torch.Tensor, lse: torch.Tensor, rows: list[int], steps: list[int], tokens: torch.Tensor
+            ) -> torch.Tensor:
+    """``logits[rows, steps, tokens] - lse[rows, steps]`` for targets (M,) or top-K targets (M, K)."""
+    r, s = torch.tensor(rows, dtype=torch.long), torch.tensor(steps, dtype=torch.long)
+    if tokens.dim() == 2:
+        r, s = r[:, None], s[:, None]
+    return logits[r, s, tokens.long()] - lse[r, s]
 
 
 def _buckets(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:

@@ -28,6 +28,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 from rlvr.engine.sampler import SampleJob, sample_batch
+from rlvr.engine.scores import ScoreRequest, mask_before_last_n, prompt_fields, sample_topk
 
 if TYPE_CHECKING:
     from rlvr.engine.engine import SamplerHandle
@@ -44,7 +45,7 @@ class _PendingSample:
 
     handle: SamplerHandle
     job: SampleJob
-    include_prompt_logprobs: bool
+    scores: ScoreRequest
     future: Future
 
 
@@ -72,12 +73,11 @@ class SampleQueue:
         self._pending: list[_PendingSample] = []
         self._lock = threading.Lock()
 
-    def submit(self, handle: SamplerHandle, job: SampleJob, include_prompt_logprobs: bool
-               ) -> AwaitableConcurrentFuture:
+    def submit(self, handle: SamplerHandle, job: SampleJob, scores: ScoreRequest) -> AwaitableConcurrentFuture:
         """Queue a checked request and wake the engine thread; a future of its SampleResponse."""
         future: Future = Future()
         with self._lock:
-            self._pending.append(_PendingSample(handle, job, include_prompt_logprobs, future))
+            self._pending.append(_PendingSample(handle, job, scores, future))
         self._executor.submit(self.drain)
         return AwaitableConcurrentFuture(future)
 
@@ -112,14 +112,19 @@ class SampleQueue:
                 sequences = sample_batch(model, [r.job for r in requests],
                                          lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False),
                                          base.tokenizer.pad_token_id)
-                prompt_lps = [self._prompt_logprobs(model, r.job.prompt, base.tokenizer.pad_token_id)
-                              if r.include_prompt_logprobs else None
+                prompt_lps = [mask_before_last_n(self._prompt_logprobs(model, r.job.prompt,
+                                                                       base.tokenizer.pad_token_id), r.scores.last_n)
+                              if r.scores.prompt_logprobs else None
                               for r in requests]
+                extras = [prompt_fields(model, r.job.prompt, r.scores, r.job.settings.temperature, r.job.generator)
+                          if r.scores.needs_prompt_distribution else {} for r in requests]
+                topks = [[sample_topk(model, r.job.prompt, s.tokens, r.scores.topk_sample) if r.scores.topk_sample
+                          else None for s in seqs] for r, seqs in zip(requests, sequences, strict=True)]
         except BaseException as exc:
             for request in requests:
                 request.future.set_exception(exc)
             return
-        for request, seqs, lps in zip(requests, sequences, prompt_lps, strict=True):
+        for request, seqs, lps, extra, topk in zip(requests, sequences, prompt_lps, extras, topks, strict=True):
             request.future.set_result(types.SampleResponse(
                 sequences=[
                     types.SampledSequence(
@@ -127,8 +132,10 @@ class SampleQueue:
                         sequence_id=uuid.uuid4().hex,
                         tokens_np=np.asarray(s.tokens, dtype=np.int32),
                         logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
+                        topk_logprobs_np=top,
                     )
-                    for s in seqs
+                    for s, top in zip(seqs, topk, strict=True)
                 ],
                 prompt_logprobs_np=lps,
+                **extra,
             ))

@@ -308,16 +308,12 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         req = wire.parse_json(types.SampleRequest, await request.body())
         if req.sampling_session_id is None:
             raise wire.BadRequest("asample needs sampling_session_id; create one with create_sampling_client")
-        for name, default in (("topk_sample_logprobs", 0), ("prompt_alt_tokens_k", 0), ("target_prompt_logprobs", None),
-                              ("prompt_logprobs_last_n", None), ("record_stability_info", None)):
-            if getattr(req, name) not in (default, False):
-                raise wire.BadRequest(f"{name}={getattr(req, name)!r} is not supported by rlvr; leave it unset")
         if req.num_samples < 1:
             raise wire.BadRequest(f"num_samples={req.num_samples} must be >= 1")
         entry = state.sampler(req.sampling_session_id, owner(request))
         future = entry.client.sample(req.prompt, req.num_samples, req.sampling_params,
                                      include_prompt_logprobs=bool(req.prompt_logprobs),
-                                     topk_prompt_logprobs=req.topk_prompt_logprobs)
+                                     topk_prompt_logprobs=req.topk_prompt_logprobs, **wire.sample_scores(req))
         request_id = state.futures.new_id()
         state.futures.put(request_id, owner(request), chain(future, wire.encode_sample_response))
         return accepted(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(req.num_samples)])

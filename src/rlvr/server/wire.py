@@ -37,6 +37,7 @@ __all__ = [
     "json_position",
     "parse_json",
     "proto_position",
+    "sample_scores",
     "to_wire_path",
 ]
 
@@ -182,7 +183,24 @@ def _datum(msg: pb.Datum, index: int) -> types.Datum:
                              "whole number of int32 tokens")
         chunks.append(types.EncodedTextChunk(tokens=np.frombuffer(raw, dtype=np.int32).tolist()))
     inputs = {name: _tensor(t, f"data[{index}].loss_fn_inputs[{name!r}]") for name, t in msg.loss_fn_inputs.items()}
-    return types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+    datum = types.Datum(model_input=types.ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+    if not msg.model_input_spans and not msg.loss_fn_input_spans:
+        return datum
+    spans = {field: [_span(s, f"data[{index}].{field}[{j}]") for j, s in enumerate(getattr(msg, field))]
+             for field in ("model_input_spans", "loss_fn_input_spans")}
+    return types.Datum(model_input=datum.model_input, loss_fn_inputs=datum.loss_fn_inputs, **spans)
+
+
+def _span(msg: pb.ProvenanceSpan, where: str) -> types.PromptProvenanceSpan | types.SampledProvenanceSpan:
+    kind = msg.WhichOneof("span")
+    if kind is None:
+        raise BadRequest(f"forward_backward: {where} is empty; a provenance span is prompt_tokens or sampled_tokens")
+    arm = getattr(msg, kind)
+    cls = types.SampledProvenanceSpan if kind == "sampled_tokens" else types.PromptProvenanceSpan
+    try:
+        return cls(sequence_id=arm.sequence_id, offset=arm.offset, length=arm.length)
+    except ValueError as exc:
+        raise BadRequest(f"forward_backward: {where} is not a valid span ({exc})") from exc
 
 
 def _tensor(msg: pb.Tensor, where: str) -> types.TensorData:
@@ -225,6 +243,41 @@ def encode_forward_backward_output(out: types.ForwardBackwardOutput) -> ProtoPay
     return ProtoPayload(msg.SerializeToString())
 
 
+def sample_scores(req: types.SampleRequest) -> dict[str, Any]:
+    """The optional scores a SampleRequest sets beyond prompt logprobs, as ``SamplingClient.sample`` keywords (only
+    those set, so a sampler that takes none still serves plain requests)."""
+    options: dict[str, Any] = {}
+    for name in ("topk_sample_logprobs", "prompt_alt_tokens_k", "prompt_logprobs_last_n"):
+        if getattr(req, name):
+            options[name] = getattr(req, name)
+    if req.target_prompt_logprobs is not None:
+        t = req.target_prompt_logprobs
+        options["target_prompt_logprobs"] = types.TensorData(
+            data=t.data, dtype=t.dtype, shape=t.shape, sparse_crow_indices=t.sparse_crow_indices,
+            sparse_col_indices=t.sparse_col_indices)
+    return options
+
+
+def _topk_proto(topk: Any, out: pb.TopkLogprobs) -> None:
+    n, k = topk.token_ids.shape
+    out.token_ids = np.ascontiguousarray(topk.token_ids, dtype=np.int32).tobytes()
+    out.logprobs = np.ascontiguousarray(topk.logprobs, dtype=np.float32).tobytes()
+    out.k, out.length = k, n
+
+
+def _tensor_proto(tensor: types.TensorData, out: pb.Tensor) -> None:
+    array = tensor.to_numpy() if tensor.sparse_crow_indices is None else np.asarray(tensor.data)
+    dtype = np.dtype(np.float32) if tensor.dtype == "float32" else np.dtype(np.int64)
+    out.dtype = _TO_PROTO_DTYPE[dtype]
+    out.shape.extend(tensor.shape or list(array.shape))
+    if tensor.sparse_crow_indices is None:
+        out.dense = np.ascontiguousarray(array, dtype=dtype).tobytes()
+    else:
+        out.sparse_csr.values = np.asarray(array, dtype=dtype).tobytes()
+        out.sparse_csr.crow_indices = np.asarray(tensor.sparse_crow_indices, dtype=np.int64).tobytes()
+        out.sparse_csr.col_indices = np.asarray(tensor.sparse_col_indices, dtype=np.int64).tobytes()
+
+
 def encode_sample_response(resp: types.SampleResponse) -> ProtoPayload:
     """A ``SampleResponse`` as the protobuf the SDK's ``deserialize_sample_response`` reads."""
     msg = pb.SampleResponse(prompt_cache_hit_tokens=resp.prompt_cache_hit_tokens)
@@ -233,9 +286,18 @@ def encode_sample_response(resp: types.SampleResponse) -> ProtoPayload:
                                 tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes())
         if seq.logprobs is not None:
             out.logprobs = np.asarray(seq.logprobs, dtype=np.float32).tobytes()
+        if seq.topk_logprobs_np is not None:
+            _topk_proto(seq.topk_logprobs_np, out.topk_sampled_logprobs)
     if resp.prompt_logprobs is not None:
         values = [np.nan if v is None else v for v in resp.prompt_logprobs]
         msg.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    if resp.topk_prompt_logprobs_np is not None:
+        _topk_proto(resp.topk_prompt_logprobs_np, msg.topk_prompt_logprobs)
+    if resp.target_prompt_logprobs is not None:
+        _tensor_proto(resp.target_prompt_logprobs, msg.target_prompt_logprobs)
+    if resp.prompt_alt_tokens is not None:
+        _tensor_proto(resp.prompt_alt_tokens.tokens, msg.prompt_alt_tokens.tokens)
+        _tensor_proto(resp.prompt_alt_tokens.logprobs, msg.prompt_alt_tokens.logprobs)
     return ProtoPayload(msg.SerializeToString())
 
 
