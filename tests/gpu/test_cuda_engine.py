@@ -39,6 +39,15 @@ def batch(loss_fn: str) -> list[types.Datum]:
             datum = types.Datum(model_input=datum.model_input,
                                 loss_fn_inputs={"target_tokens": datum.loss_fn_inputs["target_tokens"],
                                                 "weights": datum.loss_fn_inputs["advantages"]})
+        ob_len = len(prompts[p]) - 1  # target positions that predict prompt tokens
+        if loss_fn == "gspo":
+            datum = types.Datum(model_input=datum.model_input, loss_fn_inputs={
+                **datum.loss_fn_inputs, "sequence_ratio_mask": [0.0] * ob_len + [1.0] * n})
+        if loss_fn == "stable_reinforce":
+            datum = datum.with_provenance(
+                model_input=[types.PromptProvenanceSpan(sequence_id="s", length=ob_len + n)],
+                loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="s", offset=1, length=ob_len),
+                                types.SampledProvenanceSpan(sequence_id="s", length=n)])
         data.append(datum)
     return data
 
