@@ -253,3 +253,50 @@ def test_rest_list_and_delete(rest, trained):
     path = tc.save_weights_for_sampler("to-delete-2").result().path
     rest.delete_checkpoint(tc.model_id, "sampler_weights/to-delete-2").result()  # by the model id too
     assert _checkpoint(rest, tc.model_id, "sampler_weights/to-delete-2") is None
+
+
+# -- item 3: features client/config switches off --------------------------------------------------------------------
+
+
+def test_custom_loss_runs_client_side_with_the_cross_entropy_numbers(sdk, trained, service):
+    """client/config says custom_loss_server_side=false, so create_custom_loss returns a handle without a loss_id
+    and forward_backward_custom runs it in the SDK: the loss is the hand-written negative log-likelihood, which
+    equals the built-in cross_entropy's loss:sum on the same weights."""
+    tc, _ = trained
+
+    def neg_ll(logprobs, weights):
+        loss = -(logprobs * weights).sum()
+        return loss, {"custom/neg_ll:sum": loss}
+
+    handle = sdk.create_custom_loss(neg_ll, input_ranks={"logprobs": 1, "weights": 1}).result()
+    assert handle.loss_id is None  # not uploaded: the server advertised it does not run loss graphs
+    want = tc.forward([DATUM], "cross_entropy").result().metrics["loss:sum"]
+    got = tc.forward_backward_custom([DATUM], handle).result().metrics["custom/neg_ll:sum"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("route", "method"), [
+    ("/api/v1/create_custom_loss", "ServiceClient.create_custom_loss"),
+    ("/api/v1/join_sampling_session", "join_sampling_session"),
+    ("/api/v1/retrieve_futures", "retrieve_futures"),
+])
+def test_switched_off_features_are_refused_by_name_and_promptly(server, trained, route, method):
+    tc, _ = trained
+    started = time.monotonic()
+    with _http(server) as http:
+        config = http.post("/api/v1/client/config", json={}).json()
+        assert not (config["custom_loss_server_side"] or config["sample_join_sampling_session"]
+                    or config["sample_use_retrieve_futures"])
+        response = http.post(route, json={"session_id": "x"})
+    assert response.status_code == 400 and method in response.json()["detail"], response.text
+    tc.forward([DATUM], "cross_entropy").result()
+    assert time.monotonic() - started < PROMPT_S
+
+
+def test_inflight_sampling_client_is_refused_by_name_and_promptly(trained):
+    tc, _ = trained
+    started = time.monotonic()
+    with pytest.raises(tinker.BadRequestError, match="kind='inflight'"):
+        tc.save_weights_and_get_sampling_client(kind="inflight").result()
+    tc.forward([DATUM], "cross_entropy").result()
+    assert time.monotonic() - started < PROMPT_S

@@ -397,6 +397,14 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
 
     add_rest_routes(app, state, catalog, owner)
 
+    # -- calls client/config tells the SDK not to make ------------------------------------------------------------
+
+    for path, (sdk_method, why) in _OFF_IN_CLIENT_CONFIG.items():
+        def refuse(sdk_method: str = sdk_method, why: str = why) -> Response:
+            raise wire.BadRequest(f"{sdk_method} is not supported by rlvr serve: {why}")
+
+        app.add_api_route(path, refuse, methods=["POST"])
+
     # -- everything else --------------------------------------------------------------------------------------------
 
     @app.api_route("/api/v1/{name:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
@@ -409,6 +417,21 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
                             "behind it is not supported")
 
     return app
+
+
+_OFF_IN_CLIENT_CONFIG = {
+    "/api/v1/create_custom_loss": (
+        "ServiceClient.create_custom_loss (server-side)", "rlvr does not run uploaded loss graphs; client/config says "
+        "custom_loss_server_side=false, so the SDK runs the LossHandle client-side in forward_backward_custom"),
+    "/api/v1/join_sampling_session": (
+        "SamplingClient (join_sampling_session)", "client/config says sample_join_sampling_session=false; sampling "
+        "clients are created with create_sampling_session"),
+    "/api/v1/retrieve_futures": (
+        "SamplingClient (batched retrieve_futures)", "client/config says sample_use_retrieve_futures=false; poll "
+        "each request with /retrieve_future"),
+}
+"""Routes of SDK features that ``client/config`` switches off: the SDK does not call them, and a client that does
+anyway gets a 400 naming the feature instead of a stall. None carries a model seq_id, so there is none to free."""
 
 
 class _FinishBody(pydantic.BaseModel):
