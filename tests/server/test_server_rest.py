@@ -161,6 +161,11 @@ def test_rest_checkpoint_archive_loads_back_as_training_state(server, service, t
         assert http.get(f"/api/v1/training_runs/{run}/checkpoints/weights/../../x/archive").status_code == 404
     with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
         tar.extractall(tmp_path, filter="data")
+    on_server = server_folder(path)
+    want_files = {str(f.relative_to(on_server)): f.read_bytes() for f in on_server.rglob("*") if f.is_file()}
+    got_files = {str(f.relative_to(tmp_path / "s1")): f.read_bytes() for f in (tmp_path / "s1").rglob("*")
+                 if f.is_file()}
+    assert got_files == want_files  # every file, byte for byte
     loaded = service.create_training_client_from_state(str(tmp_path / "s1"))
     want = tc.forward([DATUM], "cross_entropy").result().metrics["loss:sum"]
     got = loaded.forward([DATUM], "cross_entropy").result().metrics["loss:sum"]
