@@ -179,8 +179,9 @@ REFUSED_CALLS = {  # name: (SDK call the server refuses, what its 4xx says)
         lambda tc: tc.forward_backward([DATUM], "ppo", {"mode": "wide"}), "rlvr losses take numbers"),
     "an inflight sampling client": (
         lambda tc: tc.save_weights_and_get_sampling_client(kind="inflight"), "snapshot sampling clients only"),
-    "save_weights_external, not served": (
-        lambda tc: tc.save_weights_external("hf-export"), "does not implement POST /api/v1/save_weights_external"),
+    "save_weights_external, encrypted": (
+        lambda tc: tc.save_weights_external("hf-export", age_encryption_recipients=["age1example"]),
+        "save_weights_external: age_encryption_recipients is not supported"),
 }
 
 
@@ -215,7 +216,8 @@ def test_server_refused_body_on_each_route_frees_its_seq_id(sdk, server):
         ("/save_weights", {"ttl_seconds": "never"}, 400),
         ("/save_weights_for_sampler", {"kind": "bogus"}, 400),
         ("/load_weights", {"optimizer": True}, 400),  # no path
-        ("/save_weights_external", {"path": "hf-export"}, 404),
+        ("/save_weights_external", {"path": "hf-export", "ttl_seconds": 0}, 400),
+        ("/a_call_from_a_newer_sdk", {"path": "x"}, 404),  # the catch-all frees the seq_id too
         ("/forward_backward", empty_forward, 400),
     ]
     with httpx.Client(base_url=server.base_url + "/api/v1", headers=headers, timeout=30) as http:

@@ -11,7 +11,8 @@ reported on that request's future only; the server keeps serving everyone else. 
 was queued frees its ``seq_id`` at once (``Sequencer.refuse``): the SDK does not resend it, and the model's next
 request must not wait out the gap timeout for it.
 
-Not here: body formats (``wire.py``), sessions/ordering (``state.py``), keys and size limits (``auth.py``).
+Not here: body formats (``wire.py``), sessions/ordering (``state.py``), keys and size limits (``auth.py``), the
+RestClient routes (``rest.py``) and what a run or checkpoint is (``catalog.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ import rlvr
 from rlvr.errors import ConfigurationError, RlvrError
 from rlvr.server import wire
 from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
-from rlvr.server.state import Catalog, Gone, SeqIdRefused, ServerState, UnknownId, chain, done
+from rlvr.server.catalog import Catalog
+from rlvr.server.rest import add_rest_routes
+from rlvr.server.state import Gone, SeqIdRefused, ServerState, UnknownId, chain, done
 
 __all__ = ["create_app", "serve"]
 
@@ -105,6 +108,14 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
                 with contextlib.suppress(UnknownId, Gone):  # no such model for this key: no number to free
                     state.model(found[0], owner(request)).sequencer.refuse(found[1], str(exc) or type(exc).__name__)
             raise
+
+    def with_ttl(path: str, ttl_seconds: int | None) -> str:
+        """The wire path of a checkpoint just saved, after giving it the TTL its save request asked for."""
+        from rlvr.engine.checkpoint import resolve
+
+        if ttl_seconds is not None:
+            catalog.set_ttl(resolve(path), ttl_seconds)
+        return wire.to_wire_path(path)
 
     # -- errors -----------------------------------------------------------------------------------------------------
 
@@ -223,16 +234,18 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         body = await request.body()
         with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
             req = wire.parse_json(types.SaveWeightsRequest, body)
+            Catalog.check_ttl(req.ttl_seconds)
             name = req.path or f"state-{req.seq_id}"
             return sequenced(request, req.model_id, req.seq_id, lambda e: chain(
                 state.trainer(e).save_state(name),
-                lambda r: types.SaveWeightsResponse(path=wire.to_wire_path(r.path))))
+                lambda r: types.SaveWeightsResponse(path=with_ttl(r.path, req.ttl_seconds))))
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request) -> JSONResponse:
         body = await request.body()
         with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
             req = wire.parse_json(types.SaveWeightsForSamplerRequest, body)
+            Catalog.check_ttl(req.ttl_seconds)
             if req.kind != "snapshot":
                 raise wire.BadRequest(f"kind={req.kind!r}: rlvr serves snapshot sampling clients only; use "
                                       "kind='snapshot'")
@@ -244,12 +257,35 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
             def job(entry: Any) -> Future:
                 client = state.trainer(entry)
                 if req.path is not None:
-                    return chain(client.save_weights_for_sampler(req.path),
-                                 lambda r: types.SaveWeightsForSamplerResponseInternal(path=wire.to_wire_path(r.path)))
+                    return chain(client.save_weights_for_sampler(req.path), lambda r: (
+                        types.SaveWeightsForSamplerResponseInternal(path=with_ttl(r.path, req.ttl_seconds))))
                 sampler = client.save_weights_and_get_sampling_client()
                 added = state.add_sampler(session, req.sampling_session_seq_id, sampler, client.get_info().model_name,
                                           sampler.model_path)
                 return done(types.SaveWeightsForSamplerResponseInternal(sampling_session_id=added.sampler_id))
+
+            return sequenced(request, req.model_id, req.seq_id, job)
+
+    @app.post("/api/v1/save_weights_external")
+    async def save_weights_external(request: Request) -> JSONResponse:
+        body = await request.body()
+        with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
+            req = wire.parse_json(types.SaveWeightsExternalRequest, body)
+            if req.age_encryption_recipients:
+                raise wire.BadRequest("TrainingClient.save_weights_external: age_encryption_recipients is not "
+                                      "supported by rlvr serve (files are served over this server's API key); "
+                                      "leave it unset")
+            Catalog.check_ttl(req.ttl_seconds)
+            if not req.path or "/" in req.path or req.path.startswith("."):
+                raise wire.BadRequest(f"TrainingClient.save_weights_external: name={req.path!r} must be non-empty, "
+                                      "without '/', and not start with '.'")
+
+            def job(entry: Any) -> Future:
+                saved = state.trainer(entry).save_weights_for_sampler(f"export-{state.futures.new_id()}").result()
+                folder = catalog.export(saved.path, req.path, req.ttl_seconds)
+                return done(types.SaveWeightsExternalResponseInternal(
+                    path=f"tinker://{folder.parts[-3]}/external_weights/{req.path}",
+                    size_bytes=sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())))
 
             return sequenced(request, req.model_id, req.seq_id, job)
 
@@ -258,6 +294,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         body = await request.body()
         with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
             req = wire.parse_json(types.LoadWeightsRequest, body)
+            catalog.sweep()  # an expired checkpoint is gone, not loadable
             if req.session_id is not None:  # Create-via-load: a new model whose first request is this load.
                 if req.model_seq_id is None:
                     raise wire.BadRequest("load_weights with session_id needs model_seq_id")
@@ -291,6 +328,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     async def create_sampling_session(request: Request) -> dict:
         req = wire.parse_json(types.CreateSamplingSessionRequest, await request.body())
         session = state.session(req.session_id, owner(request))
+        catalog.sweep()
         client = await run_in_threadpool(state.service.create_sampling_client, req.model_path, req.base_model)
         entry = state.add_sampler(session, req.sampling_session_seq_id, client, client.get_base_model(),
                                   req.model_path)
@@ -351,47 +389,45 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         state.futures.cancel(req.request_id, owner(request))
         return JSONResponse(None)
 
-    # -- training runs and checkpoints (RestClient) ------------------------------------------------------------------
+    # -- training runs, checkpoints, sessions (RestClient) ----------------------------------------------------------
 
-    @app.get("/api/v1/training_runs")
-    async def training_runs(request: Request, limit: int = 20, offset: int = 0) -> dict:
-        ids = catalog.runs(owner(request))
-        page = [catalog.run(r, owner(request)) for r in ids[offset:offset + max(limit, 0)]]
-        return wire.json_body(types.TrainingRunsResponse(
-            training_runs=page, cursor=types.Cursor(offset=offset, limit=limit, total_count=len(ids))))
+    add_rest_routes(app, state, catalog, owner)
 
-    @app.get("/api/v1/training_runs/{run_id}")
-    async def training_run(run_id: str, request: Request) -> dict:
-        return wire.json_body(catalog.run(run_id, owner(request)))
+    # -- calls client/config tells the SDK not to make ------------------------------------------------------------
 
-    @app.get("/api/v1/training_runs/{run_id}/checkpoints")
-    async def run_checkpoints(run_id: str, request: Request) -> dict:
-        return wire.json_body(types.CheckpointsListResponse(checkpoints=catalog.checkpoints(run_id, owner(request))))
+    for path, (sdk_method, why) in _OFF_IN_CLIENT_CONFIG.items():
+        def refuse(sdk_method: str = sdk_method, why: str = why) -> Response:
+            raise wire.BadRequest(f"{sdk_method} is not supported by rlvr serve: {why}")
 
-    @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
-    async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> Response:
-        catalog.delete(run_id, checkpoint_id, owner(request))
-        return JSONResponse(None)
-
-    @app.get("/api/v1/checkpoints")
-    async def user_checkpoints(request: Request, limit: int = 100, offset: int = 0) -> dict:
-        found = [c for r in catalog.runs(owner(request)) for c in catalog.checkpoints(r, owner(request))]
-        return wire.json_body(types.CheckpointsListResponse(
-            checkpoints=found[offset:offset + max(limit, 0)],
-            cursor=types.Cursor(offset=offset, limit=limit, total_count=len(found))))
+        app.add_api_route(path, refuse, methods=["POST"])
 
     # -- everything else --------------------------------------------------------------------------------------------
 
     @app.api_route("/api/v1/{name:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def not_served(name: str, request: Request) -> Response:
-        # Registered last, so it only sees what no route above takes. SDK calls rlvr does not implement (such as
-        # save_weights_external) still carry a seq_id, which must be freed like any other refusal's.
+        # Registered last, so it only sees what no route above takes. SDK calls rlvr does not implement (a newer
+        # SDK's) may still carry a seq_id, which must be freed like any other refusal's.
         body = await request.body()
         with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
             raise UnknownId(f"rlvr serve does not implement {request.method} /api/v1/{name}; the tinker SDK call "
                             "behind it is not supported")
 
     return app
+
+
+_OFF_IN_CLIENT_CONFIG = {
+    "/api/v1/create_custom_loss": (
+        "ServiceClient.create_custom_loss (server-side)", "rlvr does not run uploaded loss graphs; client/config says "
+        "custom_loss_server_side=false, so the SDK runs the LossHandle client-side in forward_backward_custom"),
+    "/api/v1/join_sampling_session": (
+        "SamplingClient (join_sampling_session)", "client/config says sample_join_sampling_session=false; sampling "
+        "clients are created with create_sampling_session"),
+    "/api/v1/retrieve_futures": (
+        "SamplingClient (batched retrieve_futures)", "client/config says sample_use_retrieve_futures=false; poll "
+        "each request with /retrieve_future"),
+}
+"""Routes of SDK features that ``client/config`` switches off: the SDK does not call them, and a client that does
+anyway gets a 400 naming the feature instead of a stall. None carries a model seq_id, so there is none to free."""
 
 
 class _FinishBody(pydantic.BaseModel):

@@ -17,23 +17,18 @@ Not here: HTTP (``app.py``), body formats (``wire.py``), model math (``rlvr.engi
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
-
-from tinker import types
 
 import rlvr
 
-__all__ = ["Catalog", "FutureStore", "Gone", "ModelEntry", "SamplerEntry", "SeqIdRefused", "Sequencer", "ServerState",
+__all__ = ["FutureStore", "Gone", "ModelEntry", "SamplerEntry", "SeqIdRefused", "Sequencer", "ServerState",
            "Session", "UnknownId", "chain", "done"]
 
 log = logging.getLogger("rlvr.server")
@@ -247,6 +242,10 @@ class Session:
     created_at: float = field(default_factory=time.time)
     last_heartbeat: float = field(default_factory=time.time)
     finished: str | None = None
+    model_ids: list[str] = field(default_factory=list)
+    """Every model created in this session, in order (kept after the session finishes, for get_session)."""
+    sampler_ids: list[str] = field(default_factory=list)
+    """Every sampling session created in this session, in order."""
 
 
 @dataclass
@@ -287,6 +286,8 @@ class ServerState:
         self.samplers: dict[str, SamplerEntry] = {}
         self.run_owners: dict[str, str] = {}
         """rlvr run id -> principal, for runs created through this server."""
+        self.run_of_model: dict[str, str] = {}
+        """model id the SDK holds -> the rlvr run id behind it (kept after its session finishes)."""
 
     # -- sessions ---------------------------------------------------------------------------------------------------
 
@@ -327,6 +328,7 @@ class ServerState:
                                Sequencer(self.pool, first_seq=0, gap_timeout_s=self.gap_timeout_s),
                                user_metadata=user_metadata)
             self.models[model_id] = entry
+            session.model_ids.append(model_id)
         return entry
 
     def model(self, model_id: str, owner: str) -> ModelEntry:
@@ -342,6 +344,7 @@ class ServerState:
         """Attach the rlvr client that now backs ``entry``."""
         entry.client = client
         self.run_owners[client.model_id] = entry.owner
+        self.run_of_model[entry.model_id] = client.model_id
 
     def trainer(self, entry: ModelEntry) -> rlvr.TrainingClient:
         if entry.client is None:
@@ -356,6 +359,7 @@ class ServerState:
                              base_model, model_path)
         with self._lock:
             self.samplers[entry.sampler_id] = entry
+            session.sampler_ids.append(entry.sampler_id)
         return entry
 
     def sampler(self, sampler_id: str, owner: str) -> SamplerEntry:
@@ -369,75 +373,3 @@ class ServerState:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-
-class Catalog:
-    """Training runs and their checkpoints, as the SDK's RestClient lists them: live models plus what is on disk
-    under ``$RLVR_HOME/checkpoints``. A run created through this server by one key is hidden from other keys; runs
-    found only on disk (earlier processes) are visible to every key."""
-
-    def __init__(self, state: ServerState) -> None:
-        self.state = state
-
-    def _visible(self, run_id: str, owner: str) -> bool:
-        return self.state.run_owners.get(run_id, owner) == owner
-
-    def _run_dir(self, run_id: str, owner: str) -> Any:
-        from rlvr.engine.checkpoint import checkpoint_root
-
-        folder = checkpoint_root() / run_id
-        live = any(m.client is not None and m.client.model_id == run_id for m in self.state.models.values())
-        if "/" in run_id or run_id.startswith(".") or not self._visible(run_id, owner) or not (
-                folder.is_dir() or live):
-            raise UnknownId(f"training_run_id {run_id!r} is unknown; list runs with /api/v1/training_runs")
-        return folder
-
-    def checkpoints(self, run_id: str, owner: str) -> list[types.Checkpoint]:
-        folder = self._run_dir(run_id, owner)
-        out = []
-        for kind, label in (("weights", "training"), ("sampler_weights", "sampler")):
-            for ckpt in sorted((folder / kind).glob("[!.]*")) if (folder / kind).is_dir() else []:
-                if not (ckpt / "rlvr.json").exists():
-                    continue
-                stat = ckpt.stat()
-                out.append(types.Checkpoint(
-                    checkpoint_id=f"{kind}/{ckpt.name}", checkpoint_type=label,  # type: ignore[arg-type]
-                    time=datetime.fromtimestamp(stat.st_mtime, UTC),
-                    tinker_path=f"tinker://{run_id}/{kind}/{ckpt.name}",
-                    size_bytes=sum(f.stat().st_size for f in ckpt.iterdir() if f.is_file())))
-        return sorted(out, key=lambda c: c.time)
-
-    def run(self, run_id: str, owner: str) -> types.TrainingRun:
-        folder = self._run_dir(run_id, owner)
-        live = next((m for m in self.state.models.values() if m.client is not None and m.client.model_id == run_id),
-                    None)
-        ckpts = self.checkpoints(run_id, owner)
-        if live is not None:
-            info = live.client.get_info()  # type: ignore[union-attr]
-            base, rank, when = info.model_name or "", info.lora_rank, live.last_request_time
-        else:
-            metas = [json.loads(p.read_text()) for p in folder.glob("*/*/rlvr.json")]
-            base = metas[0]["base_model"] if metas else ""
-            rank = metas[0]["lora"].get("rank") if metas else None
-            when = folder.stat().st_mtime
-        last = {t: next((c for c in reversed(ckpts) if c.checkpoint_type == t), None) for t in ("training", "sampler")}
-        return types.TrainingRun(training_run_id=run_id, base_model=base, model_owner=owner, is_lora=True,
-                                 lora_rank=rank, last_request_time=datetime.fromtimestamp(when, UTC),
-                                 last_checkpoint=last["training"], last_sampler_checkpoint=last["sampler"])
-
-    def runs(self, owner: str) -> list[str]:
-        from rlvr.engine.checkpoint import checkpoint_root
-
-        root = checkpoint_root()
-        ids = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")} if root.is_dir() else set()
-        ids |= {m.client.model_id for m in self.state.models.values() if m.client is not None}
-        return sorted(r for r in ids if self._visible(r, owner))
-
-    def delete(self, run_id: str, checkpoint_id: str, owner: str) -> None:
-        folder = self._run_dir(run_id, owner)
-        kind, _, name = checkpoint_id.partition("/")
-        target = folder / kind / name
-        if kind not in ("weights", "sampler_weights") or not name or "/" in name or name.startswith(".") or not (
-                target / "rlvr.json").exists():
-            raise UnknownId(f"checkpoint {checkpoint_id!r} of run {run_id!r} does not exist; ids look like "
-                            "weights/<name> or sampler_weights/<name>")
-        shutil.rmtree(target)
