@@ -41,6 +41,10 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
      "diagram: rlvr.rl and rlvr.server sit above rlvr.client; 'Arrows point down only'"),
     ("rlvr.precision", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
      "packages: rl/ must not 'import torch': rlvr.precision is what rl/ and engine/ share, so it stays torch-free"),
+    ("rlvr.metrics", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
+     "packages: rl/ must not 'import torch': rlvr.metrics is what rl/ and engine/ share, so it stays torch-free"),
+    ("rlvr.fileio", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
+     "packages: rl/ must not 'import torch': rlvr.fileio is what every layer writes run files with"),
     (ALL_BUT_RAY_HOMES, ("ray", "vllm"),
      "packages: distributed/ holds 'Ray actors ... vLLM sampler backend' and must not 'be required on a laptop'"),
 ]

@@ -45,6 +45,7 @@ from rlvr.engine.sample_queue import SampleQueue
 from rlvr.engine.sampler import SampleJob, resolve_params
 from rlvr.engine.scores import ScoreRequest
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
+from rlvr.metrics import reduce_metrics
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
@@ -433,24 +434,7 @@ def _eos_ids(base) -> list[int]:
     return sorted(ids)
 
 
-def _reduce(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
-    """Combine per-microbatch metrics by their reduction suffix: sum, token-weighted mean, max, min."""
-    if len(parts) == 1:
-        return dict(parts[0][0])
-    total_tokens = sum(n for _, n in parts) or 1
-    out: dict[str, float] = {}
-    for key in parts[0][0]:
-        values = [(m[key], n) for m, n in parts]
-        reduction = key.rsplit(":", 1)[-1]
-        if reduction == "mean":
-            out[key] = sum(v * n for v, n in values) / total_tokens
-        elif reduction == "max":
-            out[key] = max(v for v, _ in values)
-        elif reduction == "min":
-            out[key] = min(v for v, _ in values)
-        else:
-            out[key] = sum(v for v, _ in values)
-    return out
+_reduce = reduce_metrics  # per-microbatch metrics combined by their reduction suffix (``rlvr.metrics``)
 
 
 def _output(logprobs: list[torch.Tensor], metrics: dict[str, float]) -> types.ForwardBackwardOutput:

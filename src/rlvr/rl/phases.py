@@ -31,6 +31,7 @@ from typing import Any
 import rlvr
 from rlvr import types
 from rlvr.errors import ConfigurationError, SamplingError
+from rlvr.metrics import reduce_metrics
 from rlvr.precision import base_precision
 from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
@@ -39,7 +40,6 @@ from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
 from rlvr.rl.config import LoopConfig, recorded_precision, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
-from rlvr.rl.metrics import reduce_metrics
 from rlvr.rl.rollout_log import RolloutLog
 from rlvr.rl.rollouts import EnvRollouts, ProblemRollouts, Rollout, Rollouts, check_env_dataset
 from rlvr.rl.tracking import Trackers, open_trackers

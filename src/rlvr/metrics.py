@@ -1,11 +1,11 @@
-"""Combining a step's metrics over its minibatches, by the reduction each name carries.
+"""Combining metrics over parts of a batch, by the reduction each name carries (no torch: both layers use it).
 
-The engine and the losses name a metric ``name:reduction`` (``loss:sum``, ``clip_fraction:mean``,
-``ratio:max``); a step trained in several ``forward_backward`` calls (``num_substeps``, ``stream_minibatches``)
-reports the step, not its last call: sums are summed, means weighted by the tokens each call trained on, maxima
-and minima taken over the calls.
+The losses name a metric ``name:reduction`` (``loss:sum``, ``clip_fraction:mean``, ``ratio:max``). The engine
+combines a call's microbatches with :func:`reduce_metrics`, and the loop a step's ``forward_backward`` calls
+(``num_substeps``, ``stream_minibatches``), so a step reports the step, not its last part: sums are summed, means
+weighted by the tokens each part trained on, maxima and minima taken over the parts.
 
-Not here: what each metric means (the loss table, ``engine/losses.py``), logging (``tracking.py``).
+Not here: what each metric means (the loss table, ``engine/losses.py``), logging (``rl/tracking.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from collections.abc import Sequence
 def reduce_metrics(parts: Sequence[tuple[dict[str, float], float]]) -> dict[str, float]:
     """One dict from ``(metrics, tokens)`` per call: each key reduced by its ``:suffix`` (none: summed).
 
-    A key missing from some calls is reduced over the calls that have it.
+    A key missing from some calls is reduced over the calls that have it; one call's metrics come back as they are.
     """
+    if len(parts) == 1:
+        return dict(parts[0][0])
     keys = list(dict.fromkeys(key for metrics, _ in parts for key in metrics))
     out: dict[str, float] = {}
     for key in keys:
