@@ -19,6 +19,7 @@ and the batching of sampling requests (``sample_queue.py``).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import secrets
 import threading
@@ -26,6 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -70,6 +72,18 @@ class Trainer:
     """Optimizer steps taken."""
 
 
+def fix_thread_counts() -> None:
+    """Make MKL use the thread count it is given on every call: by default (``MKL_DYNAMIC``) it may take fewer
+    threads when the machine is busy, which splits a product's sums differently, so two runs of one seed would round
+    apart (measured: tiny's trainer logprobs and grad norm differed at step 0 between two processes on a loaded
+    machine). The count itself, torch's intra-op threads, is fixed per process. A torch without MKL is left alone."""
+    try:
+        library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        library.MKL_Set_Dynamic(ctypes.c_int(0))  # the C interface (mkl_set_dynamic is Fortran's)
+    except (OSError, AttributeError):  # no such library or no MKL in it: nothing varies the thread count
+        pass
+
+
 @dataclass
 class SamplerHandle:
     """What a SamplingClient samples from: a base model and an adapter (None: the base model itself)."""
@@ -94,6 +108,7 @@ class Engine:
         ``precision``: ``device.resolve_precision`` (CPU: float32 or bfloat16 base matmuls; CUDA: bfloat16 base
         weights by default); ``gpu_paths``: the GPU paths' settings (on CUDA, None means the defaults; on a CPU,
         giving them makes it take those paths)."""
+        fix_thread_counts()
         self.device = resolve_device(device)
         self.gpu_paths = (gpu_paths or GpuPaths()) if self.device.type == "cuda" else gpu_paths
         self.precision = resolve_precision(precision, self.device, self.gpu_paths)

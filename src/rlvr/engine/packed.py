@@ -9,13 +9,14 @@ layout a kernel reads fastest. The kernels ("kinds") this module packs for and c
   (~16 bits of each product where float32 keeps ~22), any row count, where the CPU has AMX;
 - ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for.
 
-Which kind a use gets (``fastest_kind``): where the AMX kernel runs, the sampler takes it without timing, so that
-every process of a machine (a Ray replica and the driver alike) rounds the same way; timing picks among kernels
-whose speeds are close on small weights, and could pick differently in each. Elsewhere a plain ``F.linear``, MKL's
-and oneDNN's are timed once per process, on first use, and the fastest is kept, so every model of a process rounds
-the same way. ``RLVR_MATMUL=plain`` (or ``mkl``, ``mkldnn``, ``bf16x3``) fixes the choice instead, for runs that
-must repeat bit for bit across machines: rounding changes which rare token a draw lands on, so each kind gives one
-seed its own trajectory.
+Which kind a use gets (``fastest_kind``): a fixed preference, not timing, so that every process of a machine (two
+runs of one seed, a resume, a Ray replica and the driver) rounds the same way: the AMX kernel where it runs, else
+oneDNN's float32 kernel where this torch has it, else a plain ``F.linear``. Timing picked among kernels whose speeds
+are close, and under load picked differently in each process (measured: two runs of one seed on tiny differed from
+step 0). ``RLVR_MATMUL=timed`` times a plain ``F.linear``, MKL's and oneDNN's once per process, on first use, and
+keeps the fastest (runs then repeat only as far as the timings do); ``RLVR_MATMUL=plain`` (or ``mkl``, ``mkldnn``,
+``bf16x3``) fixes the choice, for runs that must repeat bit for bit across machines: rounding changes which rare
+token a draw lands on, so each kind gives one seed its own trajectory.
 
 Two users: the sampler's decode steps (``decode.py`` packs its fused projections, for models whose float32
 projections fit in ``PACK_MAX_BYTES``) and the trainer (``pack_frozen_linears`` gives every frozen ``nn.Linear`` a
@@ -106,18 +107,19 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
 
 
 def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
-    """The kernel that multiplies ``rows`` rows by ``weight`` fastest here among ``kinds`` (default: all this
-    machine has), or "" when a plain ``F.linear`` is as fast; the AMX kernel wherever it runs and ``kinds`` has it,
-    without timing; ``RLVR_MATMUL`` overrides (a kind this machine has but ``use`` does not take means a plain
-    ``F.linear`` there). Timed on the first call for ``use``, then the same answer for the rest of the process."""
+    """The kernel ``use`` multiplies ``rows`` rows by ``weight`` with, among ``kinds`` (default: all this machine
+    has), "" for a plain ``F.linear``: the fixed preference of the module docstring (the AMX kernel, else oneDNN's,
+    else plain); ``RLVR_MATMUL`` overrides (a kind this machine has but ``use`` does not take means a plain
+    ``F.linear`` there; ``timed``: the fastest, timed on the first call for ``use``). The same answer for the rest
+    of the process."""
     machine = pack_kinds()
     available = [k for k in (machine if kinds is None else kinds) if k in machine
                  and (k != "bf16x3" or amx_linear.kernel() is not None)]  # built and checked now, on first use
     forced = os.environ.get("RLVR_MATMUL", "")
-    if forced:
+    if forced and forced != "timed":
         if forced != "plain" and forced not in machine:
             raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {machine} (what this "
-                                     "machine has), or unset it to choose by timing")
+                                     "machine has), or timed, or unset it for the fixed preference")
         if forced == "bf16x3" and "bf16x3" not in available and (kinds is None or "bf16x3" in kinds):
             raise ConfigurationError("RLVR_MATMUL=bf16x3, but the AMX kernel failed to build or to pass its check "
                                      "here (the log says why); unset RLVR_MATMUL to choose another kernel")
@@ -126,6 +128,8 @@ def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | N
         _CHOSEN[use] = "bf16x3"
     if use not in _CHOSEN and not available:  # this torch has no packed matmul to compare with F.linear
         _CHOSEN[use] = ""
+    if use not in _CHOSEN and forced != "timed":  # the fixed preference: see the module docstring
+        _CHOSEN[use] = "mkldnn" if "mkldnn" in available else ""
     if use not in _CHOSEN:
         x = torch.randn(rows, weight.shape[1])
         shape = torch.zeros(1, 1).expand(weight.shape)

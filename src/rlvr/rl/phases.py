@@ -149,9 +149,15 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
         reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
                      if config.kl_penalty_coef > 0 else None)
         auxiliary = AuxiliaryOutputs()  # rollout pages, curves, tracker backends: failures counted, not raised
-        tracker = stack.enter_context(open_trackers(config.trackers, run_dir, asdict(config), auxiliary))
+        # A resume re-runs the steps from the checkpoint's on: their rows and rollout files from before the stop are
+        # dropped, so the run's files hold each step once (as the re-run logs it).
+        tracker = stack.enter_context(open_trackers(config.trackers, run_dir, asdict(config), auxiliary,
+                                                    start_step=start_step if resumed is not None else None))
+        rollout_log = RolloutLog(run_dir) if config.rollouts else None
+        if resumed is not None:
+            RolloutLog(run_dir).drop_from(start_step)
         yield LoopRun(config, run_dir, service, training_client, rollouts, tracker, auxiliary,
-                      RolloutLog(run_dir) if config.rollouts else None, rng, start_step,
+                      rollout_log, rng, start_step,
                       types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress)
 
 

@@ -84,6 +84,16 @@ class RolloutLog:
         found = (_STEP_FILE.match(p.name) for p in self.folder.iterdir())
         return sorted(int(m.group(1)) for m in found if m)
 
+    def drop_from(self, step: int) -> list[int]:
+        """Delete the JSONL files of ``step`` and later (a resume re-runs those steps: its files supersede them) and
+        regenerate ``index.html``; returns the steps dropped."""
+        dropped = [s for s in self.steps() if s >= step]
+        for s in dropped:
+            self.path(s).unlink()
+        if dropped:
+            write_atomic(self.folder / "index.html", self.render(), errors="replace")
+        return dropped
+
     def read(self, step: int) -> list[dict[str, Any]]:
         """``step``'s records as written."""
         return read_jsonl(self.path(step))

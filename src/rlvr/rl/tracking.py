@@ -23,6 +23,11 @@ points them elsewhere:
   with ``wandb sync RUN_DIR/wandb/offline-run-*``, and ``wandb leet inspect --summary RUN_DIR/wandb/latest-run``
   reads it locally. W&B's error reporting is off unless the user sets ``WANDB_ERROR_REPORTING``.
 
+On a resume, ``metrics.jsonl`` (the run's record) first loses its rows of the steps the resume re-runs (those at or
+after the checkpoint's step), so it holds each step once. The backends cannot take rows back: each resume is a new
+MLflow run / W&B run / TensorBoard event file, so the interrupted one keeps the steps it logged after its last
+checkpoint, and the resumed one logs them again.
+
 Not here: artifacts (checkpoints, rollout pages), continuing one MLflow or W&B run across a resume, marking a crashed
 run as failed in the backends (``close`` does not know why it was called).
 """
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlvr.errors import ConfigurationError
-from rlvr.fileio import jsonl_line, open_jsonl
+from rlvr.fileio import jsonl_line, open_jsonl, read_jsonl, write_atomic
 from rlvr.rl.auxiliary import AuxiliaryOutputs
 
 logger = logging.getLogger("rlvr.tracking")
@@ -55,10 +60,16 @@ class Tracker(Protocol):
 
 class JsonlTracker:
     """``metrics.jsonl`` in the run folder: one JSON object per step, appended (a resumed run continues it; a torn
-    last line left by a killed process is cut off first)."""
+    last line left by a killed process is cut off first).
 
-    def __init__(self, run_dir: Path) -> None:
-        self.file = open_jsonl(Path(run_dir) / "metrics.jsonl")  # closed by close()
+    ``start_step`` (a resume's first step): rows of that step and later, logged before the run was stopped, are
+    dropped first (the file rewritten atomically), so the file holds each step once, as the resumed run logs it."""
+
+    def __init__(self, run_dir: Path, start_step: int | None = None) -> None:
+        path = Path(run_dir) / "metrics.jsonl"
+        if start_step is not None and path.exists():
+            drop_rows_from(path, start_step)
+        self.file = open_jsonl(path)  # closed by close()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.file.write(jsonl_line({"step": step, **metrics}))
@@ -197,6 +208,16 @@ class WandbTracker:
         self.run.finish()
 
 
+def drop_rows_from(path: Path, step: int) -> int:
+    """Rewrite the JSONL file ``path`` atomically without its rows whose ``step`` is ``step`` or later; returns how
+    many rows were dropped."""
+    rows = read_jsonl(path)
+    kept = [row for row in rows if row.get("step", -1) < step]
+    if len(kept) < len(rows):
+        write_atomic(path, b"".join(jsonl_line(row) for row in kept))
+    return len(rows) - len(kept)
+
+
 BACKENDS: dict[str, Any] = {"mlflow": MlflowTracker, "tensorboard": TensorBoardTracker, "wandb": WandbTracker}
 """Tracker name -> factory(run_dir, config) for the optional backends; each name is also its extra's name."""
 
@@ -233,14 +254,15 @@ class Trackers:
 
 
 def open_trackers(names: list[str], run_dir: str | Path, config: dict[str, Any] | None = None,
-                  auxiliary: AuxiliaryOutputs | None = None) -> Trackers:
+                  auxiliary: AuxiliaryOutputs | None = None, start_step: int | None = None) -> Trackers:
     """metrics.jsonl plus the named optional backends, opened now so a missing package fails before training; the
-    backends' later failures are counted in ``auxiliary``."""
+    backends' later failures are counted in ``auxiliary``. ``start_step`` (a resume): metrics.jsonl's rows from that
+    step on are dropped first (see ``JsonlTracker``)."""
     unknown = [n for n in names if n not in BACKENDS]
     if unknown:
         raise ConfigurationError(f"trackers={names}: unknown {unknown}; choose from {sorted(BACKENDS)}")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    trackers: list[Tracker] = [JsonlTracker(Path(run_dir))]
+    trackers: list[Tracker] = [JsonlTracker(Path(run_dir), start_step)]
     try:
         for name in names:
             trackers.append(BACKENDS[name](Path(run_dir), config or {}))

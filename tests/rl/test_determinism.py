@@ -1,0 +1,138 @@
+"""Same seed, same run: two processes with the same settings, and a run killed (SIGKILL) and resumed, end bit for bit
+alike: every float of metrics.jsonl (timings aside) and the final adapter weights, with one metrics row per step.
+
+Each run is a fresh Python process (its own hash seed, kernel timing and thread start-up), on this machine's default
+kernels (RLVR_MATMUL unset). The fast tests train the tiny model on SayA; the slow ones SmolLM2-135M as ``rlvr train``
+does, as briefly as shows the point (8 steps, 2 problems of 4 samples, 4 tokens).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.engine import checkpoint
+from rlvr.fileio import read_jsonl
+from rlvr.rl.checkpoints import last_checkpoint
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TIMINGS = ("time/", "tokens_per_s")  # wall-clock readings: the only numbers allowed to differ
+
+# Kill switches the child script installs before training (``DIE``): after the step-2 row of metrics.jsonl is
+# written (the first checkpoint, at step 2, is complete), or inside the second checkpoint's state write.
+_PRELUDE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+DIE = {die!r}
+if DIE == "after_first_checkpoint":
+    from rlvr.rl import tracking
+    log = tracking.JsonlTracker.log
+    def log_then_die(self, metrics, step):
+        log(self, metrics, step)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    tracking.JsonlTracker.log = log_then_die
+elif DIE == "inside_second_checkpoint":
+    import torch
+    import rlvr.engine.checkpoint as ckpt
+    write, writes = ckpt.write, []
+    def dying_write(path, files):
+        writes.append(path)
+        if len(writes) == 2:
+            save = torch.save
+            def save_then_die(obj, f, *a, **k):
+                save(obj, f, *a, **k)
+                os.kill(os.getpid(), signal.SIGKILL)
+            torch.save = save_then_die
+        return write(path, files)
+    ckpt.write = dying_write
+"""
+
+_TINY = """
+from test_loop import SayA, config
+from rlvr.rl.loop import train
+train(config(Path({out!r}), steps=6, save_every=2, resume={resume!r}), SayA())
+"""
+
+_SMOLLM2 = """
+from rlvr.rl.run import resume, train
+if {resume!r}:
+    resume({out!r})
+else:
+    train(overrides=["steps=8", "save_every=2", "problems_per_step=2", "group_size=4", "max_tokens=4",
+                     "eval_problems=2", "seed=7", "out={out}"])
+"""
+
+
+def run_process(body: str, out: Path, resume: bool = False, die: str = "") -> subprocess.CompletedProcess:
+    """Train (or resume) in a fresh Python process, optionally killing it as ``die`` says."""
+    script = textwrap.dedent(_PRELUDE.format(tests=str(Path(__file__).parent), die=die)
+                             + body.format(out=str(out), resume=resume))
+    env = {k: v for k, v in os.environ.items() if k not in ("RLVR_MATMUL", "PYTHONHASHSEED")}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])  # this checkout's rlvr
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=1800)
+
+
+def final_adapter(run_dir: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.read_adapter(checkpoint.resolve(last_checkpoint(run_dir)["state_path"]))
+
+
+def assert_same_run(a: Path, b: Path, steps: int) -> None:
+    """Every non-timing float of metrics.jsonl equal, one row per step in order, the final adapters equal."""
+    rows_a, rows_b = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
+    assert [r["step"] for r in rows_a] == list(range(steps))
+    assert [r["step"] for r in rows_b] == list(range(steps))
+    for row_a, row_b in zip(rows_a, rows_b, strict=True):
+        assert row_a.keys() == row_b.keys()
+        differ = {k: (row_a[k], row_b[k]) for k in row_a if not k.startswith(TIMINGS) and row_a[k] != row_b[k]}
+        assert not differ, f"step {row_a['step']}: {differ}"
+    weights_a, weights_b = final_adapter(a), final_adapter(b)
+    assert weights_a.keys() == weights_b.keys()
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a), "the final adapters differ"
+
+
+def check_two_processes(tmp_path: Path, body: str, run: str, steps: int) -> None:
+    for name in ("a", "b"):
+        done = run_process(body, tmp_path / name)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(tmp_path / "a" / run, tmp_path / "b" / run, steps)
+
+
+def check_kill_and_resume(tmp_path: Path, body: str, run: str, steps: int) -> None:
+    done = run_process(body, tmp_path / "straight")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for die, resumes_from in (("after_first_checkpoint", 2), ("inside_second_checkpoint", 2)):
+        out = tmp_path / die
+        killed = run_process(body, out, die=die)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        assert last_checkpoint(out / run)["step"] == resumes_from
+        assert max(r["step"] for r in read_jsonl(out / run / "metrics.jsonl")) >= resumes_from  # rows to drop
+        done = run_process(body, out, resume=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert_same_run(tmp_path / "straight" / run, out / run, steps)
+        rollouts = sorted(p.name for p in (out / run / "rollouts").glob("step-*.jsonl"))
+        assert rollouts == [f"step-{s:06d}.jsonl" for s in range(steps)]
+
+
+def test_two_processes_train_tiny_alike(tmp_path):
+    check_two_processes(tmp_path, _TINY, "run", 6)
+
+
+def test_a_killed_and_resumed_tiny_run_equals_the_uninterrupted_one(tmp_path):
+    check_kill_and_resume(tmp_path, _TINY, "run", 6)
+
+
+@pytest.mark.slow
+def test_two_processes_train_smollm2_alike(tmp_path):
+    check_two_processes(tmp_path, _SMOLLM2, "", 8)
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_smollm2_run_equals_the_uninterrupted_one(tmp_path):
+    check_kill_and_resume(tmp_path, _SMOLLM2, "", 8)
