@@ -8,7 +8,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 import rlvr
-from datums import rl_datum
+from datums import LOSS_CONFIGS, loss_batch
 from rlvr import types
 from rlvr.engine import Engine, packing
 from rlvr.engine.device import GpuPaths
@@ -183,34 +183,11 @@ def test_checkpointing_recomputes_the_layers_and_gives_the_same_gradients():
         torch.testing.assert_close(grad, results[0][1][name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-LOSS_CONFIGS = {"dro": {"beta": 0.5}}
-
-
 @pytest.mark.parametrize("loss_fn", sorted(LOSSES))
 def test_the_engine_on_gpu_paths_trains_as_on_its_cpu_path(loss_fn, monkeypatch):
     # Same datums, same seed: losses, logprobs, gradient norms and the weights after two steps agree between the
     # shared-prefix CPU path and the packed GPU paths (with small rows and chunks, so both really pack and chunk).
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (12, 7)]
-    data = []
-    for p, n in ((0, 5), (0, 3), (0, 6), (1, 4), (1, 9)):
-        completion = torch.randint(3, 250, (n,), generator=g).tolist()
-        sampled = (-torch.rand(n, generator=g) * 3).tolist()
-        datum = rl_datum(prompts[p], completion, sampled, advantage=float(torch.randn(1, generator=g)))
-        if loss_fn == "cross_entropy":
-            datum = types.Datum(model_input=datum.model_input,
-                                loss_fn_inputs={"target_tokens": datum.loss_fn_inputs["target_tokens"],
-                                                "weights": datum.loss_fn_inputs["advantages"]})
-        ob_len = len(prompts[p]) - 1
-        if loss_fn == "gspo":
-            datum = types.Datum(model_input=datum.model_input, loss_fn_inputs={
-                **datum.loss_fn_inputs, "sequence_ratio_mask": [0.0] * ob_len + [1.0] * n})
-        if loss_fn == "stable_reinforce":
-            datum = datum.with_provenance(
-                model_input=[types.PromptProvenanceSpan(sequence_id="s", length=ob_len + n)],
-                loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="s", offset=1, length=ob_len),
-                                types.SampledProvenanceSpan(sequence_id="s", length=n)])
-        data.append(datum)
+    data = loss_batch(loss_fn)
     packed_calls = []
     real = packing.packed_logprobs
     monkeypatch.setattr(packing, "packed_logprobs", lambda *a, **k: packed_calls.append(1) or real(*a, **k))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import rlvr
-from datums import rl_datum
+from datums import LOSS_CONFIGS, loss_batch
 from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.losses import LOSSES
@@ -23,40 +23,13 @@ from rlvr.engine.losses import LOSSES
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 ADAM = types.AdamParams(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=5.0)
-LOSS_CONFIGS = {"dro": {"beta": 0.5}}
-
-
-def batch(loss_fn: str) -> list[types.Datum]:
-    """Two prompts with sampled-looking completions (shared prefixes on the CPU path, packed rows on CUDA)."""
-    g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (12, 7)]
-    data = []
-    for p, n in ((0, 5), (0, 3), (0, 6), (1, 4), (1, 9)):
-        completion = torch.randint(3, 250, (n,), generator=g).tolist()
-        sampled = (-torch.rand(n, generator=g) * 3).tolist()
-        datum = rl_datum(prompts[p], completion, sampled, advantage=float(torch.randn(1, generator=g)))
-        if loss_fn == "cross_entropy":
-            datum = types.Datum(model_input=datum.model_input,
-                                loss_fn_inputs={"target_tokens": datum.loss_fn_inputs["target_tokens"],
-                                                "weights": datum.loss_fn_inputs["advantages"]})
-        ob_len = len(prompts[p]) - 1  # target positions that predict prompt tokens
-        if loss_fn == "gspo":
-            datum = types.Datum(model_input=datum.model_input, loss_fn_inputs={
-                **datum.loss_fn_inputs, "sequence_ratio_mask": [0.0] * ob_len + [1.0] * n})
-        if loss_fn == "stable_reinforce":
-            datum = datum.with_provenance(
-                model_input=[types.PromptProvenanceSpan(sequence_id="s", length=ob_len + n)],
-                loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="s", offset=1, length=ob_len),
-                                types.SampledProvenanceSpan(sequence_id="s", length=n)])
-        data.append(datum)
-    return data
 
 
 def run(engine: Engine, loss_fn: str, steps: int = 2):
     tc = rlvr.ServiceClient(engine).create_lora_training_client(base_model="tiny", rank=4, seed=8)
     outputs = []
     for _ in range(steps):
-        out = tc.forward_backward(batch(loss_fn), loss_fn, LOSS_CONFIGS.get(loss_fn)).result()
+        out = tc.forward_backward(loss_batch(loss_fn), loss_fn, LOSS_CONFIGS.get(loss_fn)).result()
         norm = tc.optim_step(ADAM).result().metrics["grad_norm:mean"]
         outputs.append((out, norm))
     return outputs, tc.parameters()
@@ -83,7 +56,7 @@ def test_cuda_trains_as_the_cpu_does_in_float32(engines, loss_fn):
 
 def steps(tc, n: int) -> dict[str, torch.Tensor]:
     for _ in range(n):
-        tc.forward_backward(batch("importance_sampling"), "importance_sampling")
+        tc.forward_backward(loss_batch("importance_sampling"), "importance_sampling")
         tc.optim_step(ADAM)
     return tc.parameters()
 
