@@ -19,7 +19,7 @@ import torch
 from datums import ce_datum, rl_datum
 from rlvr import types
 from rlvr.engine import packed
-from rlvr.engine.engine import Engine, _reduce
+from rlvr.engine.engine import Engine
 from rlvr.engine.lora import LoraSpec
 from rlvr.engine.prefix import plan
 from rlvr.engine.sample_queue import _chunks
@@ -175,14 +175,6 @@ def test_a_bad_custom_loss_is_refused_before_any_gradient(engine, result, messag
     with pytest.raises(InvalidDatumError, match=message):
         engine.run(engine.forward_backward_custom, trainer, [ce_datum([1, 2, 3, 4])], lambda data, lps: result(lps))
     assert all(p.grad is None for p in trainer.host.parameters(trainer.adapter).values())
-
-
-def test_metrics_of_microbatches_combine_by_their_suffix():
-    parts = [({"loss:sum": 1.0, "clip:mean": 0.5, "ratio:max": 3.0, "ratio:min": 0.25}, 2),
-             ({"loss:sum": 2.5, "clip:mean": 0.0, "ratio:max": 1.0, "ratio:min": 0.5}, 6)]
-    # sum: 1 + 2.5; token-weighted mean: (0.5 * 2 + 0 * 6) / 8; max and min across microbatches.
-    assert _reduce(parts) == {"loss:sum": 3.5, "clip:mean": 0.125, "ratio:max": 3.0, "ratio:min": 0.25}
-    assert _reduce(parts[:1]) == parts[0][0]
 
 
 def test_state_loaded_onto_a_trainer_of_another_lora_shape_is_refused(engine):

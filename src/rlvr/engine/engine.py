@@ -20,6 +20,7 @@ and the batching of sampling requests (``sample_queue.py``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import secrets
 import threading
@@ -72,11 +73,13 @@ class Trainer:
     """Optimizer steps taken."""
 
 
+@functools.cache
 def fix_thread_counts() -> None:
     """Make MKL use the thread count it is given on every call: by default (``MKL_DYNAMIC``) it may take fewer
     threads when the machine is busy, which splits a product's sums differently, so two runs of one seed would round
     apart (measured: tiny's trainer logprobs and grad norm differed at step 0 between two processes on a loaded
-    machine). The count itself, torch's intra-op threads, is fixed per process. A torch without MKL is left alone."""
+    machine). The count itself, torch's intra-op threads, is fixed per process. A torch without MKL is left alone.
+    Once per process (every Engine calls it)."""
     try:
         library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
         library.MKL_Set_Dynamic(ctypes.c_int(0))  # the C interface (mkl_set_dynamic is Fortran's)
@@ -241,7 +244,7 @@ class Engine:
             for p, grad in zip(params, saved_grads, strict=True):  # A failed call leaves the gradients as they were.
                 p.grad = grad
             raise
-        return _output(outputs, _reduce(metrics))
+        return _output(outputs, reduce_metrics(metrics))
 
     def forward_backward_custom(
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: CustomLossFn
@@ -448,8 +451,6 @@ def _eos_ids(base) -> list[int]:
         ids.update(generation_eos)
     return sorted(ids)
 
-
-_reduce = reduce_metrics  # per-microbatch metrics combined by their reduction suffix (``rlvr.metrics``)
 
 
 def _output(logprobs: list[torch.Tensor], metrics: dict[str, float]) -> types.ForwardBackwardOutput:
