@@ -74,7 +74,7 @@ class RolloutLog:
                 raise ConfigurationError(f"rollout record {i} of step {step} lacks {missing}; a record has {FIELDS}")
         self.folder.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path(step), b"".join(jsonl_line({f: record[f] for f in FIELDS}) for record in records))
-        write_atomic(self.folder / "index.html", self.render(), errors="replace")
+        self._write_page()
         return self.path(step)
 
     def steps(self) -> list[int]:
@@ -91,8 +91,11 @@ class RolloutLog:
         for s in dropped:
             self.path(s).unlink()
         if dropped:
-            write_atomic(self.folder / "index.html", self.render(), errors="replace")
+            self._write_page()
         return dropped
+
+    def _write_page(self) -> None:
+        write_atomic(self.folder / "index.html", self.render(), errors="replace")  # a lone surrogate shows as "?"
 
     def read(self, step: int) -> list[dict[str, Any]]:
         """``step``'s records as written."""
