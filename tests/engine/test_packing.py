@@ -210,8 +210,10 @@ def test_the_engine_on_gpu_paths_trains_as_on_its_cpu_path(loss_fn, monkeypatch)
         assert norm_b == pytest.approx(norm_a, rel=1e-4)
         for x, y in zip(a.loss_fn_outputs, b.loss_fn_outputs, strict=True):
             torch.testing.assert_close(y["logprobs"].to_torch(), x["logprobs"].to_torch(), atol=1e-5, rtol=1e-5)
+    # AdamW (eps 1e-12) moves an element whose gradient is ~1e-9 by about the learning rate whatever that gradient's
+    # rounding, so the weights are compared to 1% of one step (lr 1e-2); logprobs and norms above are held tighter.
     for name, value in cpu_weights.items():
-        torch.testing.assert_close(gpu_weights[name], value, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(gpu_weights[name], value, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_custom_losses_get_cpu_logprobs_that_carry_gradient():
