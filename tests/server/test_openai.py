@@ -79,6 +79,18 @@ def test_completions_n_seed_and_token_ids(oai, tokenizer):
     assert first.usage.prompt_tokens == 5 and first.usage.completion_tokens == sum(len(t) for t in ids)
 
 
+def test_several_prompts_in_one_completion_request_are_numbered_prompt_by_prompt(oai, tokenizer):
+    texts = oai.completions.create(model="tiny", prompt=["Hi", "Yo"], max_tokens=4, n=2, seed=3)
+    assert [c.index for c in texts.choices] == [0, 1, 2, 3]
+    assert [c.prompt_token_ids for c in texts.choices] == [tokenizer.encode(p) for p in ("Hi", "Hi", "Yo", "Yo")]
+    ids = [c.token_ids for c in texts.choices]
+    assert ids[:2] != ids[2:] and texts.usage.prompt_tokens == 4
+    assert texts.usage.completion_tokens == sum(len(t) for t in ids)
+    tokens = oai.completions.create(model="tiny", prompt=[tokenizer.encode("Hi"), tokenizer.encode("Yo")],
+                                    max_tokens=4, n=2, seed=3)
+    assert [c.token_ids for c in tokens.choices] == ids  # one seed: a prompt as text or as its ids samples the same
+
+
 def test_completion_logprobs_are_the_engines_for_the_same_tokens(oai, service):
     out = oai.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, seed=1, logprobs=3,
                                  extra_body={"return_tokens_as_token_ids": True}).choices[0]
@@ -195,6 +207,9 @@ BAD_REQUESTS = [
     ("/completions", {"prompt": "x", "stop": ["", "y"]}, "stop", "non-empty"),
     ("/completions", {}, "prompt", "prompt is required"),
     ("/completions", {"prompt": [300000]}, None, "outside the vocabulary"),
+    ("/completions", {"prompt": ["x", [1]]}, "prompt", "a list of token ids"),
+    ("/completions", {"prompt": []}, "prompt", "none empty"),
+    ("/completions", {"prompt": "x", "stop": 5}, "stop", "valid string or Input should be a valid list"),
     ("/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
     ("/chat/completions", {"messages": []}, "messages", "at least 1 item"),
     ("/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

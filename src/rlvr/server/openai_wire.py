@@ -102,6 +102,18 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = pydantic.Field(16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = pydantic.Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
+    @pydantic.field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, prompt: Any) -> Any:
+        def ids(value: Any) -> bool:
+            return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and (
+                all(isinstance(p, str) for p in prompt) or ids(prompt) or all(ids(p) and p for p in prompt)))):
+            raise ValueError("send text, a list of texts, a list of token ids, or a list of token-id lists (one "
+                             "kind, none empty)")
+        return prompt
+
 
 class _Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")
@@ -132,12 +144,23 @@ async def parse(model: type[pydantic.BaseModel], request: Request) -> Any:
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        if err["type"] == "missing":
+        errors = exc.errors()
+        param = _param(errors[0]["loc"])
+        if errors[0]["type"] == "missing":
             raise OpenAIError(400, f"{param} is required", param) from None
-        msg = err["msg"].removeprefix("Value error, ")
-        raise OpenAIError(400, f"{param}={_short(err.get('input'))} is invalid: {msg}", param) from None
+        # a union field (stop, content) fails once per member: say what each member wanted
+        wanted = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in errors if _param(e["loc"]) == param)
+        raise OpenAIError(400, f"{param}={_short(data.get(param, errors[0].get('input')))} is invalid: "
+                               f"{' or '.join(wanted)}", param) from None
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """A field's path as OpenAI's ``param`` gives it (``messages.0.content``), without pydantic's union-member tags
+    (``str``, ``list[str]``)."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p not in _UNION_TAGS))
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
 
 
 def _short(value: Any) -> str:
@@ -146,10 +169,9 @@ def _short(value: Any) -> str:
 
 
 def prompts(prompt: str | list[str] | list[int] | list[list[int]], tokenizer: Any) -> list[list[int]]:
+    """The token ids of each prompt of a completion request (text is encoded as vLLM does, with special tokens)."""
     if isinstance(prompt, str):
         prompt = [prompt]
-    if not prompt:
-        raise OpenAIError(400, "prompt is empty; send text, token ids, or a list of either", "prompt")
     if isinstance(prompt[0], int):
         return [list(prompt)]  # type: ignore[arg-type]
     return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
