@@ -274,11 +274,11 @@ def openai_routes(state: ServerState, catalog: Catalog,
     @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = await bodies.parse(ChatRequest, request)
+        if req.top_logprobs and not req.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs=true; set both", "top_logprobs")
         client = await models.client(req.model, owner(request))
         tokenizer = client.get_tokenizer()
         prompt = bodies.chat_prompt(req.messages, tokenizer, req.model)
-        if req.top_logprobs and not req.logprobs:
-            raise OpenAIError(400, "top_logprobs needs logprobs=true; set both", "top_logprobs")
         top = req.top_logprobs if req.logprobs else 0
         response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top)
         show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
