@@ -245,3 +245,14 @@ def test_streamed_body_growing_past_the_limit_stops_at_the_chunk_that_crosses_it
     assert exchange.status == 200 and len(exchange.app.body) == LIMIT
     with pytest.raises(BodyTooLarge, match=f"exceeds the server limit of {LIMIT} bytes"):
         Exchange({"X-API-Key": KEY}, chunks=(b"x" * (LIMIT // 2), b"x" * (LIMIT // 2), b"x"))
+
+
+def test_refusals_under_v1_use_openais_error_shape_and_the_tinker_routes_keep_theirs():
+    missing = Exchange({}, path="/v1/chat/completions")
+    error = json.loads(missing.sent[1]["body"])["error"]
+    assert missing.status == 401 and missing.rejected_untouched
+    assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+    assert error["message"].startswith("missing API key") and "Authorization: Bearer" in error["message"]
+    over = Exchange({"X-API-Key": KEY, "Content-Length": str(LIMIT + 1)}, path="/v1/completions")
+    assert over.status == 413 and "exceeds the server limit" in json.loads(over.sent[1]["body"])["error"]["message"]
+    assert "detail" in json.loads(Exchange({}, path="/api/v1/create_session").sent[1]["body"])

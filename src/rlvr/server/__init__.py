@@ -5,7 +5,9 @@ tinker-cookbook trains on this machine by setting ``TINKER_BASE_URL`` (and a ``t
     serve(port=8000, api_keys="tml-...")          # or create_app(...) for any ASGI server
 
 Needs the ``rlvr[server]`` extra (fastapi, uvicorn). Modules: ``app`` (routes), ``state`` (sessions, models,
-ordering, futures, checkpoint catalog), ``wire`` (protobuf/JSON bodies), ``auth`` (API keys, body limits).
+ordering, futures, checkpoint catalog), ``wire`` (protobuf/JSON bodies), ``auth`` (API keys, body limits),
+``openai`` (OpenAI-compatible sampling at ``/v1``; ``openai_client(service)`` is an ``openai.AsyncOpenAI`` on it in
+process, with no socket).
 Not here: anything about training itself, which is ``rlvr.client`` on ``rlvr.engine``.
 """
 
@@ -13,5 +15,6 @@ from __future__ import annotations
 
 from rlvr.server.app import create_app, serve
 from rlvr.server.auth import load_api_keys
+from rlvr.server.openai import create_openai_app, openai_client
 
-__all__ = ["create_app", "load_api_keys", "serve"]
+__all__ = ["create_app", "create_openai_app", "load_api_keys", "openai_client", "serve"]

@@ -12,7 +12,8 @@ was queued frees its ``seq_id`` at once (``Sequencer.refuse``): the SDK does not
 request must not wait out the gap timeout for it.
 
 Not here: body formats (``wire.py``), sessions/ordering (``state.py``), keys and size limits (``auth.py``), the
-RestClient routes (``rest.py``) and what a run or checkpoint is (``catalog.py``).
+RestClient routes (``rest.py``), what a run or checkpoint is (``catalog.py``) and the OpenAI-compatible sampling
+routes mounted at ``/v1`` (``openai.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rlvr.errors import ConfigurationError, RlvrError
 from rlvr.server import wire
 from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
 from rlvr.server.catalog import Catalog
+from rlvr.server.openai import openai_routes
 from rlvr.server.rest import add_rest_routes
 from rlvr.server.state import Gone, SeqIdRefused, ServerState, UnknownId, chain, done
 
@@ -392,6 +394,10 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     # -- training runs, checkpoints, sessions (RestClient) ----------------------------------------------------------
 
     add_rest_routes(app, state, catalog, owner)
+
+    # -- OpenAI-compatible sampling (/v1/models, /v1/completions, /v1/chat/completions) ---------------------------
+
+    app.mount("/v1", openai_routes(state, catalog))
 
     # -- calls client/config tells the SDK not to make ------------------------------------------------------------
 

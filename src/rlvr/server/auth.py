@@ -2,7 +2,8 @@
 
 ``load_api_keys`` gathers the accepted keys (arguments, ``RLVR_API_KEY``, a keys file); ``AdmissionMiddleware`` is
 an ASGI middleware that, before any route runs or any body byte is read, answers 401 to a request without a valid
-``X-API-Key`` (or ``Authorization: Bearer``) and 413 to a body over the limit. A rejected request touches no state.
+``X-API-Key`` (or ``Authorization: Bearer``) and 413 to a body over the limit (under ``/v1/``, in OpenAI's error
+shape). A rejected request touches no state.
 Each accepted request carries a principal (a digest of its key) in ``scope["state"]["principal"]``, so sessions,
 models and futures stay private to the key that made them.
 
@@ -27,6 +28,8 @@ KEY_PREFIX = "tml-"
 ENV_KEY = "RLVR_API_KEY"
 ENV_KEYS_FILE = "RLVR_API_KEYS_FILE"
 OPEN_PATHS = frozenset({"/api/v1/healthz"})
+OPENAI_PREFIX = "/v1/"
+"""Where the OpenAI-compatible routes live (``openai.py``): refusals there use OpenAI's error shape."""
 
 
 def load_api_keys(api_keys: str | Iterable[str] | None = None, keys_file: str | Path | None = None) -> list[str]:
@@ -95,19 +98,20 @@ class AdmissionMiddleware:
         principal = self._check_key(headers)
         if principal is None:
             missing = b"x-api-key" not in headers and b"authorization" not in headers
-            reason = ("missing API key: send it in the X-API-Key header (the tinker SDK does this from api_key= or "
-                      "$TINKER_API_KEY)" if missing else "invalid API key: it is not one of the server's keys")
-            await _reply(send, 401, reason)
+            reason = ("missing API key: send it in the X-API-Key header or as Authorization: Bearer <key> (the tinker "
+                      "SDK sends it from api_key= or $TINKER_API_KEY, the openai client from api_key=)" if missing
+                      else "invalid API key: it is not one of the server's keys")
+            await _reply(send, scope["path"], 401, reason)
             return
         length = headers.get(b"content-length")
         if length is not None:
             try:
                 declared = int(length)
             except ValueError:
-                await _reply(send, 400, f"Content-Length {length[:20]!r} is not a number")
+                await _reply(send, scope["path"], 400, f"Content-Length {length[:20]!r} is not a number")
                 return
             if declared > self.max_body_bytes:
-                await _reply(send, 413, f"request body of {declared} bytes exceeds the server limit of "
+                await _reply(send, scope["path"], 413, f"request body of {declared} bytes exceeds the server limit of "
                                         f"{self.max_body_bytes} bytes; send fewer datums per request")
                 return
         scope.setdefault("state", {})["principal"] = principal
@@ -133,8 +137,15 @@ def _limited(receive: Any, limit: int) -> Any:
     return wrapped
 
 
-async def _reply(send: Any, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _reply(send: Any, path: str, status: int, detail: str) -> None:
+    """A refusal in the shape its client reads: the tinker SDK's ``detail``, or OpenAI's ``error`` under ``/v1/``."""
+    if path.startswith(OPENAI_PREFIX):
+        code = "invalid_api_key" if status == 401 else None
+        reply: dict[str, Any] = {"error": {"message": detail, "type": "invalid_request_error", "param": None,
+                                           "code": code}}
+    else:
+        reply = {"detail": detail}
+    body = json.dumps(reply).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

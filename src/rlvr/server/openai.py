@@ -1,0 +1,335 @@
+"""OpenAI-compatible sampling: ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``, served
+by rlvr's own sampler, so agent code and libraries that take an OpenAI client sample from rlvr models and checkpoints.
+
+    client = openai_client(service)                    # in process: an openai.AsyncOpenAI, no socket, no key
+    await client.chat.completions.create(model="tiny", messages=[...], logprobs=True, seed=1)
+
+``rlvr serve`` mounts the same routes at ``/v1``, behind its API keys (``Authorization: Bearer tml-...``, which is how
+the ``openai`` client sends ``api_key``). ``model`` is a base model (``tiny``, ``smollm2-135m``), a sampler checkpoint
+(``rlvr://<run>/sampler_weights/<name>``, ``tinker://`` or no scheme alike, or its bare ``<name>`` when only one run
+has it), or, in process, a sampling client handed to ``openai_client``; ``/v1/models`` lists them.
+
+What is covered: the chat template of the model's tokenizer (chat), ``n``, ``temperature``, ``top_p``, ``top_k``
+(vLLM's extra), ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``, ``logprobs`` /
+``top_logprobs`` (at most 20), ``stream`` over server-sent events ending in ``data: [DONE]`` (with
+``stream_options.include_usage``), prompts as text or token ids, several prompts in one completion request. For a
+trainer, each choice carries ``token_ids`` (every sampled token, the stop string's and EOS included, which the text
+leaves out) and the response ``prompt_token_ids`` (per choice in completions), as vLLM's ``return_token_ids`` does;
+``return_tokens_as_token_ids: true`` (vLLM's extra) renders logprob tokens as ``token_id:<id>``. Logprobs are under
+the model at temperature 1 (vLLM's ``raw_logprobs``), the same numbers a training client's forward gives.
+
+What is not: tools and function calls, response formats, logit bias, presence/frequency/repetition penalties,
+``best_of``, ``echo``, ``suffix``, images and audio (each is a 400 naming the field); token-by-token streaming (the
+engine returns a sample whole, so a stream carries each choice in one chunk once it is done); the embeddings,
+responses and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
+400 for a malformed request (naming the field and the fix), 401 for a bad key (``auth.py``), 404 for an unknown model.
+
+Not here: request bodies, prompts and the error shape (``openai_wire.py``), the sampling itself
+(``rlvr.SamplingClient.sample``), which checkpoints exist and whose they are (``catalog.py``), the Tinker protocol
+(``app.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from tinker import types
+
+import rlvr
+from rlvr.errors import RlvrError
+from rlvr.server import openai_wire as bodies
+from rlvr.server.auth import BodyTooLarge
+from rlvr.server.catalog import Catalog
+from rlvr.server.openai_wire import ChatRequest, CompletionRequest, OpenAIError, SamplingRequest
+from rlvr.server.state import ServerState, UnknownId
+
+__all__ = ["OpenAIError", "create_openai_app", "openai_client", "openai_routes"]
+
+log = logging.getLogger("rlvr.server")
+
+IN_PROCESS_OWNER = "in-process"
+"""Whose checkpoints the in-process app serves: with no server keys, every run on disk is visible."""
+
+
+# -- which sampling client serves `model` ----------------------------------------------------------------------------
+
+class Models:
+    """Resolves a request's ``model`` to a ``rlvr.SamplingClient`` and lists what ``/v1/models`` shows.
+
+    Clients are kept for the last ``keep`` checkpoints and every base model, so a checkpoint's adapter is not read
+    from disk on every request; a checkpoint saved again under the same name gets a new client."""
+
+    def __init__(self, state: ServerState, catalog: Catalog, pinned: dict[str, rlvr.SamplingClient],
+                 keep: int = 8) -> None:
+        self.state, self.catalog, self.pinned, self.keep = state, catalog, pinned, keep
+        self._clients: OrderedDict[tuple[str, int | None], rlvr.SamplingClient] = OrderedDict()
+
+    def base_models(self) -> list[str]:
+        return [m.model_name for m in self.state.service.get_server_capabilities().supported_models if m.model_name]
+
+    def checkpoints(self, owner: str) -> list[tuple[str, types.Checkpoint]]:
+        """(run id, checkpoint) of every sampler checkpoint ``owner`` may sample."""
+        return [(run, c) for run in self.catalog.runs(owner) for c in self.catalog.checkpoints(run, owner)
+                if c.checkpoint_type == "sampler"]
+
+    def listing(self, owner: str) -> list[dict[str, Any]]:
+        now = int(time.time())
+        found = {name: {"created": now, "parent": c.get_base_model() if c.model_path else None}
+                 for name, c in self.pinned.items()}
+        for name in self.base_models():
+            found.setdefault(name, {"created": 0, "parent": None})
+        for run, ckpt in self.checkpoints(owner):
+            path = f"rlvr://{run}/{ckpt.checkpoint_id}"
+            meta = self.catalog.root() / run / ckpt.checkpoint_id / "rlvr.json"
+            base = json.loads(meta.read_text()).get("base_model") if meta.exists() else None
+            found.setdefault(path, {"created": int(ckpt.time.timestamp()), "parent": base})
+        return [{"id": name, "object": "model", "owned_by": "rlvr", "root": name, **info}
+                for name, info in found.items()]
+
+    async def client(self, model: str, owner: str) -> rlvr.SamplingClient:
+        from rlvr.engine.checkpoint import resolve
+        from rlvr.engine.models import canonical_name
+
+        if model in self.pinned:
+            return self.pinned[model]
+        path = self.checkpoint_path(model, owner)
+        if path is None:
+            key, create = (canonical_name(model), None), {"base_model": model}
+        else:  # keyed by the file's time too: a checkpoint saved again under its name is new weights
+            meta = resolve(path) / "rlvr.json"
+            key, create = (path, meta.stat().st_mtime_ns if meta.exists() else None), {"model_path": path}
+        if key not in self._clients:
+            try:
+                self._clients[key] = await run_in_threadpool(self.state.service.create_sampling_client, **create)
+            except RlvrError as exc:
+                raise OpenAIError(404, f"model={model!r} cannot be loaded: {exc}", "model", "model_not_found") from exc
+            checkpoints = [k for k in self._clients if k[0].startswith("rlvr://")]
+            if len(checkpoints) > self.keep:
+                del self._clients[checkpoints[0]]
+        self._clients.move_to_end(key)
+        return self._clients[key]
+
+    def checkpoint_path(self, model: str, owner: str) -> str | None:
+        """The ``rlvr://`` path of the sampler checkpoint of ``owner``'s that ``model`` names; None for a base model.
+        Raises a 404 naming what is served when it is neither."""
+        from rlvr.engine.checkpoint import SCHEMES
+        from rlvr.engine.models import canonical_name
+
+        self.catalog.sweep()
+        if model.startswith(SCHEMES) or "/sampler_weights/" in model:
+            parts = model.split("://", 1)[-1].split("/")
+            if len(parts) != 3 or parts[1] != "sampler_weights" or not parts[2] or parts[2].startswith("."):
+                raise OpenAIError(404, f"model={model!r} is not a sampler checkpoint: sample from "
+                                       "rlvr://<run>/sampler_weights/<name> (save_weights_for_sampler writes one)",
+                                  "model", "model_not_found")
+            return f"rlvr://{self.catalog.run_id(parts[0], owner)}/sampler_weights/{parts[2]}"
+        if canonical_name(model) in {canonical_name(m) for m in self.base_models()}:
+            return None
+        named = [f"rlvr://{run}/{c.checkpoint_id}" for run, c in self.checkpoints(owner)
+                 if c.checkpoint_id == f"sampler_weights/{model}"]
+        if len(named) > 1:
+            raise OpenAIError(400, f"model={model!r} names a sampler checkpoint of {len(named)} runs; give its full "
+                                   f"path, one of {named}", "model")
+        if not named:
+            raise OpenAIError(404, f"model={model!r} is neither a base model ({', '.join(self.base_models())}) nor a "
+                                   "sampler checkpoint; GET /v1/models lists what is served", "model",
+                              "model_not_found")
+        return named[0]
+
+
+# -- responses --------------------------------------------------------------------------------------------------------
+
+def _params(req: SamplingRequest, max_tokens: int | None) -> types.SamplingParams:
+    return types.SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                                stop=list(req.stop) or None, seed=req.seed)
+
+
+async def _sample(client: rlvr.SamplingClient, prompt: list[int], req: SamplingRequest, max_tokens: int | None,
+                  top: int) -> types.SampleResponse:
+    try:
+        return await client.sample(types.ModelInput.from_ints(prompt), req.n, _params(req, max_tokens),
+                                   topk_sample_logprobs=top)
+    except RlvrError as exc:
+        raise OpenAIError(400, str(exc)) from exc
+
+
+def _choice_text(tokenizer: Any, tokens: list[int], stops: Iterable[str]) -> str:
+    """The text of ``tokens`` without special tokens, cut before the first stop string (OpenAI leaves it out)."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[:min(cuts)] if cuts else text
+
+
+class _Tokens:
+    """Token strings as logprobs show them: the token's text, or ``token_id:<id>`` when the request asks."""
+
+    def __init__(self, tokenizer: Any, as_ids: bool) -> None:
+        self.tokenizer, self.as_ids = tokenizer, as_ids
+
+    def __call__(self, token: int) -> str:
+        return f"token_id:{token}" if self.as_ids else self.tokenizer.decode([token])
+
+    def chat(self, seq: types.SampledSequence) -> dict[str, Any]:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = self(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
+
+        rows = seq.topk_logprobs or [None] * len(seq.tokens)
+        return {"content": [{**entry(t, lp), "top_logprobs": [entry(*alt) for alt in row or []]}
+                            for t, lp, row in zip(seq.tokens, seq.logprobs or [], rows, strict=True)],
+                "refusal": None}
+
+    def completion(self, seq: types.SampledSequence, top: int) -> dict[str, Any]:
+        texts = [self(t) for t in seq.tokens]
+        offsets = [0, *itertools.accumulate(len(t) for t in texts)][:len(texts)]
+        tops = [{self(t): lp for t, lp in row or []} for row in seq.topk_logprobs] if top else None
+        return {"tokens": texts, "token_logprobs": seq.logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _usage(prompts: list[list[int]], responses: list[types.SampleResponse]) -> dict[str, int]:
+    completion = sum(len(s.tokens) for r in responses for s in r.sequences)
+    prompt = sum(len(p) for p in prompts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _stream(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> Any:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# -- routes -----------------------------------------------------------------------------------------------------------
+
+def openai_routes(state: ServerState, catalog: Catalog,
+                  sampling_clients: Iterable[rlvr.SamplingClient] = ()) -> FastAPI:
+    """The routes (``/models``, ``/completions``, ``/chat/completions``) as an app to mount at ``/v1``, sampling
+    through ``state.service`` and serving each of ``sampling_clients`` under its ``model_path`` (or base model)."""
+    pinned = {c.model_path or c.get_base_model(): c for c in sampling_clients}
+    models = Models(state, catalog, pinned)
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    def owner(request: Request) -> str:
+        return request.scope.get("state", {}).get("principal", IN_PROCESS_OWNER)
+
+    def error(status: int, exc: BaseException, param: str | None = None, code: str | None = None,
+              kind: str = "invalid_request_error") -> JSONResponse:
+        return JSONResponse(bodies.error_body(str(exc) or type(exc).__name__, param, code, kind), status_code=status)
+
+    def server_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error(500, exc, kind="server_error")
+
+    app.add_exception_handler(OpenAIError, lambda r, e: error(e.status, e, e.param, e.code))
+    app.add_exception_handler(UnknownId, lambda r, e: error(404, e, "model", "model_not_found"))
+    app.add_exception_handler(RlvrError, lambda r, e: error(400, e))
+    app.add_exception_handler(BodyTooLarge, lambda r, e: error(413, e))
+    app.add_exception_handler(Exception, server_error)
+    app.add_exception_handler(HTTPException, lambda r, e: error(
+        e.status_code, OpenAIError(e.status_code, f"{r.method} /v1{r.url.path.removeprefix('/v1')} is not served: "
+                                   "rlvr serves GET /v1/models, POST /v1/completions and POST /v1/chat/completions")))
+
+    @app.get("/models")
+    async def list_models(request: Request) -> dict:
+        return {"object": "list", "data": models.listing(owner(request))}
+
+    @app.post("/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = await bodies.parse(CompletionRequest, request)
+        client = await models.client(req.model, owner(request))
+        tokenizer = client.get_tokenizer()
+        prompts = bodies.prompts(req.prompt, tokenizer)
+        top = req.logprobs or 0
+        responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top) for p in prompts))
+        show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
+        choices = [{"index": i * req.n + j, "text": _choice_text(tokenizer, seq.tokens, req.stop),
+                    "finish_reason": seq.stop_reason,
+                    "logprobs": show.completion(seq, top) if req.logprobs is not None else None,
+                    "token_ids": seq.tokens, "prompt_token_ids": prompts[i]}
+                   for i, response in enumerate(responses) for j, seq in enumerate(response.sequences)]
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": req.model}
+        usage = _usage(prompts, responses)
+        if not req.stream:
+            return JSONResponse({**head, "choices": choices, "usage": usage})
+        chunks = [{**head, "choices": [choice]} for choice in choices]
+        if req.stream_options.get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": usage})
+        return _stream(chunks)
+
+    @app.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req: ChatRequest = await bodies.parse(ChatRequest, request)
+        if req.top_logprobs and not req.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs=true; set both", "top_logprobs")
+        client = await models.client(req.model, owner(request))
+        tokenizer = client.get_tokenizer()
+        prompt = bodies.chat_prompt(req.messages, tokenizer, req.model)
+        top = req.top_logprobs if req.logprobs else 0
+        response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top)
+        show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
+        choices = [{"index": i, "message": {"role": "assistant", "content": _choice_text(tokenizer, seq.tokens,
+                                                                                          req.stop)},
+                    "finish_reason": seq.stop_reason, "logprobs": show.chat(seq) if req.logprobs else None,
+                    "token_ids": seq.tokens}
+                   for i, seq in enumerate(response.sequences)]
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model}
+        usage = _usage([prompt], [response])
+        if not req.stream:
+            return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage,
+                                 "prompt_token_ids": prompt})
+        chunks = [{**head, "object": "chat.completion.chunk",
+                   "choices": [{**{k: v for k, v in c.items() if k != "message"}, "delta": c["message"]}]}
+                  for c in choices]
+        chunks[0]["prompt_token_ids"] = prompt
+        if req.stream_options.get("include_usage"):
+            chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        return _stream(chunks)
+
+    return app
+
+
+def create_openai_app(service: rlvr.ServiceClient | None = None,
+                      sampling_clients: Iterable[rlvr.SamplingClient] = ()) -> FastAPI:
+    """The OpenAI routes alone, at ``/v1``, for in-process use: no API key (nothing outside the process reaches
+    it), every checkpoint on disk visible. ``service`` samples base models and checkpoints (default: a
+    ``rlvr.ServiceClient()`` on the shared engine, or the engine of the first of ``sampling_clients``)."""
+    clients = list(sampling_clients)
+    if service is None:
+        service = rlvr.ServiceClient(engine=clients[0].engine) if clients else rlvr.ServiceClient()
+    state = ServerState(service)
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/v1", openai_routes(state, Catalog(state), clients))
+    return app
+
+
+def openai_client(client: rlvr.ServiceClient | rlvr.SamplingClient | None = None, **options: Any) -> Any:
+    """An ``openai.AsyncOpenAI`` that samples from ``client`` in this process, through ``create_openai_app`` over
+    ``httpx.ASGITransport`` (no socket). A ``ServiceClient`` serves base models and saved sampler checkpoints; a
+    ``SamplingClient`` is served as model ``client.model_path or client.get_base_model()`` besides those. ``options``
+    go to ``AsyncOpenAI`` (``max_retries``, ``timeout``...). Needs the ``openai`` package; there is no synchronous
+    ``OpenAI`` twin, as httpx has no synchronous ASGI transport."""
+    import httpx
+    import openai
+
+    if isinstance(client, rlvr.SamplingClient):
+        app = create_openai_app(sampling_clients=[client])
+    else:
+        app = create_openai_app(client)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    http = httpx.AsyncClient(transport=transport, base_url="http://rlvr.in-process")
+    return openai.AsyncOpenAI(base_url="http://rlvr.in-process/v1", api_key="in-process", http_client=http, **options)

@@ -1,0 +1,202 @@
+"""OpenAI request bodies for the ``/v1`` routes (``openai.py``): what each endpoint takes, the fields refused by
+name, prompts as token ids (text, token ids, or a chat through the model's chat template), and errors in OpenAI's
+shape, ``{"error": {"message", "type", "param", "code"}}``, each naming the field and the fix.
+
+Fields sent as ``null`` count as not sent. Fields in neither ``REFUSED`` nor the request models are ignored, as vLLM
+ignores them (``user``, ``metadata``, ``store``...).
+
+Not here: routes, which weights serve a request, responses (``openai.py``); the Tinker protocol's bodies
+(``wire.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic
+from fastapi import Request
+
+__all__ = ["MAX_TOP_LOGPROBS", "REFUSED", "ChatRequest", "CompletionRequest", "OpenAIError", "SamplingRequest",
+           "chat_prompt", "error_body", "parse", "prompts"]
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives ``top_logprobs`` (chat) or ``logprobs`` (completions) may ask for, as vLLM's default."""
+
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tools": ((None, []), "rlvr samples text; it does not parse tool calls"),
+    "tool_choice": ((None, "none", "auto"), "rlvr samples text; it does not parse tool calls"),
+    "functions": ((None, []), "rlvr samples text; it does not parse function calls"),
+    "function_call": ((None, "none", "auto"), "rlvr samples text; it does not parse function calls"),
+    "response_format": ((None, {"type": "text"}), "rlvr does not constrain the output format"),
+    "logit_bias": ((None, {}), "the sampler has no logit bias"),
+    "presence_penalty": ((None, 0), "the sampler has no penalties"),
+    "frequency_penalty": ((None, 0), "the sampler has no penalties"),
+    "repetition_penalty": ((None, 1), "the sampler has no penalties"),
+    "best_of": ((None, 1), "use n and rank the choices yourself"),
+    "echo": ((None, False), "the response's prompt_token_ids hold the prompt"),
+    "suffix": ((None, ""), "rlvr does not fill in the middle"),
+    "modalities": ((None, ["text"]), "rlvr serves text models"),
+    "audio": ((None,), "rlvr serves text models"),
+}
+"""Request fields that would change the result but that rlvr does not implement: field -> (the values that change
+nothing, why). Any other value is a 400 naming the field."""
+
+
+class OpenAIError(Exception):
+    """A request answered with OpenAI's error body: ``status``, what is wrong and the fix, the field (``param``)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+def error_body(message: str, param: str | None = None, code: str | None = None,
+               kind: str = "invalid_request_error") -> dict[str, Any]:
+    """OpenAI's error JSON (``openai.APIStatusError.body`` reads ``error``)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+# -- request bodies ----------------------------------------------------------------------------------------------------
+
+class SamplingRequest(pydantic.BaseModel):
+    """What both endpoints take. Fields sent as ``null`` count as not sent."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    model: str
+    n: int = pydantic.Field(1, ge=1)
+    temperature: float = pydantic.Field(1.0, ge=0)
+    top_p: float = pydantic.Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    max_tokens: int | None = pydantic.Field(None, ge=1)
+    stop: str | list[str] = []
+    seed: int | None = pydantic.Field(None, ge=-(2**63), lt=2**63)
+    stream: bool = False
+    stream_options: dict[str, Any] = {}
+    return_tokens_as_token_ids: bool = False
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    @pydantic.field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str]) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else stop
+        if any(s == "" for s in stops):
+            raise ValueError("stop strings must be non-empty; drop the empty one")
+        return stops
+
+    @pydantic.field_validator("top_k")
+    @classmethod
+    def _top_k(cls, top_k: int) -> int:
+        if top_k == 0 or top_k < -1:
+            raise ValueError("top_k must be -1 (no limit) or >= 1")
+        return top_k
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = pydantic.Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = pydantic.Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @pydantic.field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, prompt: Any) -> Any:
+        def ids(value: Any) -> bool:
+            return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and (
+                all(isinstance(p, str) for p in prompt) or ids(prompt) or all(ids(p) and p for p in prompt)))):
+            raise ValueError("send text, a list of texts, a list of token ids, or a list of token-id lists (one "
+                             "kind, none empty)")
+        return prompt
+
+
+class _Message(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[Any] | None = None
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[_Message] = pydantic.Field(min_length=1)
+    max_completion_tokens: int | None = pydantic.Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int = pydantic.Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+async def parse(model: type[pydantic.BaseModel], request: Request) -> Any:
+    try:
+        data = json.loads(await request.body())
+    except ValueError:
+        raise OpenAIError(400, "the request body is not JSON; send a JSON object with Content-Type: "
+                               "application/json") from None
+    if not isinstance(data, dict):
+        raise OpenAIError(400, f"the request body is a JSON {type(data).__name__}; send a JSON object")
+    for name, (neutral, why) in REFUSED.items():
+        if name in data and data[name] not in neutral:
+            raise OpenAIError(400, f"{name}={_short(data[name])} is not supported: {why}; leave it unset", name)
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        errors = exc.errors()
+        param = _param(errors[0]["loc"])
+        if errors[0]["type"] == "missing":
+            raise OpenAIError(400, f"{param} is required", param) from None
+        # a union field (stop, content) fails once per member: say what each member wanted
+        wanted = dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in errors if _param(e["loc"]) == param)
+        raise OpenAIError(400, f"{param}={_short(data.get(param, errors[0].get('input')))} is invalid: "
+                               f"{' or '.join(wanted)}", param) from None
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """A field's path as OpenAI's ``param`` gives it (``messages.0.content``), without pydantic's union-member tags
+    (``str``, ``list[str]``)."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or (p.isidentifier() and p not in _UNION_TAGS))
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict"})
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool)) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def prompts(prompt: str | list[str] | list[int] | list[list[int]], tokenizer: Any) -> list[list[int]]:
+    """The token ids of each prompt of a completion request (text is encoded as vLLM does, with special tokens)."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if isinstance(prompt[0], int):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
+
+
+def chat_prompt(messages: list[_Message], tokenizer: Any, model: str) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise OpenAIError(400, f"model {model!r} has no chat template; render the prompt yourself and use "
+                               "/v1/completions", "model")
+    rendered = []
+    for i, message in enumerate(messages):
+        if message.tool_calls:
+            raise OpenAIError(400, f"messages[{i}].tool_calls: rlvr does not parse tool calls; send text content",
+                              f"messages.{i}.tool_calls")
+        content = message.content
+        if isinstance(content, list):
+            kinds = [p.get("type") for p in content]
+            if any(k != "text" for k in kinds):
+                raise OpenAIError(400, f"messages[{i}].content has a {next(k for k in kinds if k != 'text')!r} "
+                                       "part; rlvr serves text models, so send text parts only",
+                                  f"messages.{i}.content")
+            content = "".join(str(p.get("text", "")) for p in content)
+        rendered.append({"role": message.role, "content": content or ""})
+    try:
+        text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # the template's own checks (role order, missing fields) raise jinja errors
+        raise OpenAIError(400, f"messages do not fit model {model!r}'s chat template: {exc}", "messages") from exc
+    return tokenizer.encode(text, add_special_tokens=False)
