@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -277,6 +277,14 @@ class SamplingClient(_SelfFuture):
         return self.engine.submit_sample(self._handle, prompt, num_samples, sampling_params, scores=scores)
 
     sample_async = _async_of(sample, awaited=True)  # the response, as tinker's sample_async returns
+
+    def sample_many(self, requests: Sequence[tuple[types.ModelInput, int, types.SamplingParams]]
+                    ) -> list[APIFuture[types.SampleResponse]]:
+        """``sample(prompt, num_samples, params)`` for each request, decoded together and with no other request
+        (rlvr's own, not Tinker's): the same requests then give the same logprobs bit for bit however busy the
+        machine is, where requests sent one by one share a batch with whatever arrived meanwhile. The RL loop
+        samples a step this way when its client has it."""
+        return self.engine.submit_samples(self._handle, requests)
 
     def compute_logprobs(self, prompt: types.ModelInput) -> APIFuture[list[float | None]]:
         """log p(token_i | tokens_<i) for every prompt token; None for the first."""

@@ -107,3 +107,29 @@ def test_logprobs_and_gradients_equal_one_forward_per_datum(model, max_tokens, m
     assert grads.keys() == expected_grads.keys() and grads
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="the run-to-run difference needs two threads to show")
+def test_a_group_gives_the_same_gradients_bit_for_bit_every_time(model):
+    """16 answers to a 160-token prompt: the prompt's keys and values, which every answer reads, and the prompt's
+    logprobs, which every answer's datum holds, recur 16 times. Their gradients must be summed in the same order on
+    every run (advanced indexing summed them with parallel atomic adds once 32k elements were scattered, here 16 x 2
+    heads x 160 x 24, and two runs in one process differed in the last bits: issue 34's cross-process drift)."""
+    model, pad_id = model
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 200, (160,), generator=g).tolist()
+    sequences = [prompt + torch.randint(3, 200, (4,), generator=g).tolist() for _ in range(16)]
+    targets = [torch.randint(3, 200, (len(s),), generator=g).tolist() for s in sequences]
+    weights = [torch.randn(len(s), generator=g) for s in sequences]
+    runs = []
+    for _ in range(6):
+        got: dict[int, torch.Tensor] = {}
+        for batch in plan(sequences, max_tokens=8192):
+            got.update(cluster_logprobs(model, [torch.tensor(s) for s in sequences],
+                                        [torch.tensor(t) for t in targets], batch, pad_id))
+        torch.stack([(weights[i] * got[i]).sum() for i in range(len(sequences))]).sum().backward()
+        runs.append(_lora_grads(model))
+    for run in runs[1:]:
+        assert run.keys() == runs[0].keys()
+        differ = [name for name in run if not torch.equal(run[name], runs[0][name])]
+        assert not differ, f"gradients differ between two runs of one batch: {differ}"

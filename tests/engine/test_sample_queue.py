@@ -91,3 +91,20 @@ def test_a_failed_decode_fails_its_own_chunk_only(decoded):
     with pytest.raises(RuntimeError, match="decode failed"):
         bad.result(timeout=0)
     assert len(good.result(timeout=0).sequences) == 2
+
+
+def test_a_unit_decodes_apart_from_requests_that_arrive_with_it(decoded):
+    # Same weights throughout: single requests gather as before, but a unit's requests decode as batches of their
+    # own (cut by max_rows like any group), so what shares a decode with them never depends on arrival time.
+    executor = _Recorder()
+    queue = SampleQueue(executor, lambda *args: None, max_rows=4)
+    on = SimpleNamespace(host=_host("a"), adapter=None)
+    single = queue.submit(on, _job(1, 1), ScoreRequest())
+    unit = queue.submit_unit([(on, _job(t, 2), ScoreRequest()) for t in (2, 3, 4)])
+    other = queue.submit_unit([(on, _job(5, 1), ScoreRequest())])
+    late = queue.submit(on, _job(6, 1), ScoreRequest())
+    assert executor.submitted == [queue.drain] * 4
+    queue.drain()
+    assert decoded == [(("a", None), [(1, 1), (6, 1)]), (("a", None), [(2, 2), (3, 2)]), (("a", None), [(4, 2)]),
+                       (("a", None), [(5, 1)])]
+    assert [len(f.result(timeout=0).sequences) for f in (single, *unit, *other, late)] == [1, 2, 2, 2, 1, 1]

@@ -331,3 +331,31 @@ def test_requests_submitted_back_to_back_decode_as_one_batch(monkeypatch):
         time.sleep(0.0005)
     assert all(len(f.result().sequences) == 4 for f in futures)
     assert batches == [32]
+
+
+def test_a_unit_gives_the_same_logprobs_bit_for_bit_whatever_arrives_with_it(trained):
+    # Which requests share a decode moves each one's logprobs in the last bits. Requests sent one by one join
+    # whatever else is waiting; sent as a unit (sample_many, the loop's way) they decode alone, so a crowd of other
+    # requests arriving with them changes nothing.
+    sampler = trained.save_weights_and_get_sampling_client()
+    tok = trained.get_tokenizer()
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=4)
+    unit = [(types.ModelInput.from_ints(tok.encode(text)), 3, params) for text in ("a b", "the third one")]
+    crowd = [types.ModelInput.from_ints(tok.encode(text * 9)) for text in ("xyz ", "long prompt ", "q")]
+
+    def logprobs(responses):
+        return [list(s.logprobs) for r in responses for s in r.sequences]
+
+    alone = logprobs(f.result() for f in sampler.sample_many(unit))
+    before = [sampler.sample(p, 5, params) for p in crowd]  # waiting when the unit arrives, and after it
+    crowded = sampler.sample_many(unit)
+    after = [sampler.sample(p, 5, params) for p in crowd]
+    assert logprobs(f.result() for f in crowded) == alone
+    assert all(len(f.result().sequences) == 5 for f in before + after)
+    one_by_one = [sampler.sample(p, 5, params) for p in crowd[:2]] + [sampler.sample(*r) for r in unit]
+    mixed = logprobs(f.result() for f in one_by_one[2:])  # sent singly, the unit's prompts joined the crowd
+    assert mixed != alone, "this batch does not move logprobs, so the test above could not fail"
+    bad = sampler.sample_many([unit[0], (types.ModelInput.from_ints([]), 1, params)])  # the bad one fails alone
+    assert logprobs([bad[0].result()]) == logprobs(f.result() for f in sampler.sample_many(unit[:1]))
+    with pytest.raises(SamplingError, match="prompt is empty"):
+        bad[1].result()

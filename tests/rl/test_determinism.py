@@ -129,14 +129,10 @@ def test_a_killed_and_resumed_tiny_run_equals_the_uninterrupted_one(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 34, open: on SmolLM2 two processes agree to the bit until step 2, "
-                   "where optim/grad_norm alone differs (16.974103927612305 vs 16.974105834960938); cause not found")
 def test_two_processes_train_smollm2_alike(tmp_path):
     check_two_processes(tmp_path, _SMOLLM2, "", 8)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 34, open: on SmolLM2 two processes agree to the bit until step 2, "
-                   "where optim/grad_norm alone differs (16.974103927612305 vs 16.974105834960938); cause not found")
 def test_a_killed_and_resumed_smollm2_run_equals_the_uninterrupted_one(tmp_path):
     check_kill_and_resume(tmp_path, _SMOLLM2, "", 8)

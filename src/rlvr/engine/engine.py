@@ -386,15 +386,30 @@ class Engine:
         """Queue a sampling request. Requests waiting together for the same weights are decoded as one batch.
         ``scores`` asks for prompt and sample scores besides the samples (``scores.py``); ``include_prompt_logprobs``
         is its ``prompt_logprobs`` alone."""
-        future: Future = Future()
         scores = scores or ScoreRequest(prompt_logprobs=include_prompt_logprobs)
         try:
             job = self._sample_job(handle, prompt, num_samples, params)
             scores.check(len(job.prompt), self._vocab_size(handle.host))
         except Exception as exc:  # Bad requests fail on their own future, before joining any batch.
-            future.set_exception(exc)
-            return AwaitableConcurrentFuture(future)
+            return _failed(exc)
         return self._samples.submit(handle, job, scores)
+
+    def submit_samples(self, handle: SamplerHandle, requests: Sequence[tuple[types.ModelInput, int,
+                                                                                 types.SamplingParams]]
+                       ) -> list[AwaitableConcurrentFuture]:
+        """Queue ``(prompt, num_samples, params)`` requests as one unit: they decode together and with no other
+        request, so their logprobs do not depend on what else arrived meanwhile (``sample_queue.py``). A bad request
+        fails on its own future; the others still go."""
+        futures: list[AwaitableConcurrentFuture | None] = []
+        unit = []
+        for prompt, num_samples, params in requests:
+            try:
+                unit.append((handle, self._sample_job(handle, prompt, num_samples, params), ScoreRequest()))
+                futures.append(None)
+            except Exception as exc:
+                futures.append(_failed(exc))
+        queued = iter(self._samples.submit_unit(unit) if unit else [])
+        return [future if future is not None else next(queued) for future in futures]
 
     def _sample_job(self, handle: SamplerHandle, prompt: types.ModelInput, num_samples: int,
                     params: types.SamplingParams) -> SampleJob:
@@ -451,6 +466,13 @@ def _eos_ids(base) -> list[int]:
         ids.update(generation_eos)
     return sorted(ids)
 
+
+
+def _failed(exc: Exception) -> AwaitableConcurrentFuture:
+    """A future that already holds ``exc``."""
+    future: Future = Future()
+    future.set_exception(exc)
+    return AwaitableConcurrentFuture(future)
 
 
 def _output(logprobs: list[torch.Tensor], metrics: dict[str, float]) -> types.ForwardBackwardOutput:

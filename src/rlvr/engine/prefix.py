@@ -144,7 +144,8 @@ def cluster_logprobs(
             suffix_mask[b, :rests[j]] = 1
         cluster_of = torch.tensor([members[j][0] for j in bucket])  # (B,)
         starts = torch.tensor([clusters[members[j][0]].shared for j in bucket])  # (B,)
-        cache = DynamicCache(ddp_cache_data=[(k[cluster_of], v[cluster_of]) for k, v in kv])  # its cluster's prefix
+        cache = DynamicCache(ddp_cache_data=[(k.index_select(0, cluster_of), v.index_select(0, cluster_of))
+                                             for k, v in kv])  # each row's cluster's prefix (see _gather on why)
         logits = model(input_ids=suffix_ids, attention_mask=torch.cat([prefix_mask[cluster_of], suffix_mask], -1),
                        position_ids=starts[:, None] + torch.arange(width), **cache_kwargs(cache)
                        ).logits.float()  # (B, S, V)
@@ -165,11 +166,18 @@ def cluster_logprobs(
 
 def _gather(logits: torch.Tensor, lse: torch.Tensor, rows: list[int], steps: list[int], tokens: torch.Tensor
             ) -> torch.Tensor:
-    """``logits[rows, steps, tokens] - lse[rows, steps]`` for targets (M,) or top-K targets (M, K)."""
-    r, s = torch.tensor(rows, dtype=torch.long), torch.tensor(steps, dtype=torch.long)
+    """``logits[rows, steps, tokens] - lse[rows, steps]`` for targets (M,) or top-K targets (M, K).
+
+    Taken with ``index_select`` on the flattened tensors, not advanced indexing: the same (row, step) recurs for every
+    datum of a cluster, and advanced indexing's backward adds such repeats with parallel atomic adds once the
+    gradient it scatters has 32k elements (torch's grain size), in an order that differs from run to run;
+    ``index_select``'s backward adds them in index order, so a seed gives the same gradients bit for bit."""
+    _, width, vocab = logits.shape
+    at = torch.tensor(rows, dtype=torch.long) * width + torch.tensor(steps, dtype=torch.long)  # (M,)
     if tokens.dim() == 2:
-        r, s = r[:, None], s[:, None]
-    return logits[r, s, tokens.long()] - lse[r, s]
+        at = at[:, None].expand_as(tokens)
+    picked = logits.reshape(-1).index_select(0, (at * vocab + tokens.long()).reshape(-1)).view(at.shape)
+    return picked - lse.reshape(-1).index_select(0, at.reshape(-1)).view(at.shape)
 
 
 def _buckets(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:

@@ -7,6 +7,11 @@ groups the waiting requests by the weights they sample from (base model and adap
 consecutive chunks of at most ``max_rows`` samples (``sampler.sample_batch``), settling every request's future with
 its SampleResponse, or with the error its chunk's decode raised.
 
+Which requests share a decode changes the rounding of each one's logprobs (~1e-5: products over a different number
+of rows), so gathering by arrival time makes a loaded machine's numbers depend on its timing. Requests submitted
+together as a unit (``submit_unit``, the RL loop's way) therefore decode as batches of their own, never joined by
+another request: the same requests give the same numbers bit for bit, however busy the machine is.
+
 The Engine owns one queue and runs ``drain`` on its own thread, behind whatever jobs were queued before.
 
 Not here: checking a request and drawing its seed (``Engine.submit_sample``), the decode itself (``sampler.py``).
@@ -14,6 +19,7 @@ Not here: checking a request and drawing its seed (``Engine.submit_sample``), th
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -47,6 +53,8 @@ class _PendingSample:
     job: SampleJob
     scores: ScoreRequest
     future: Future
+    unit: int | None = None
+    """Requests submitted together (``SampleQueue.submit_unit``) share a number and decode apart from others."""
 
 
 def _chunks(requests: list[_PendingSample], max_rows: int) -> list[list[_PendingSample]]:
@@ -72,14 +80,22 @@ class SampleQueue:
         self._prompt_logprobs = prompt_logprobs
         self._pending: list[_PendingSample] = []
         self._lock = threading.Lock()
+        self._units = itertools.count()
 
     def submit(self, handle: SamplerHandle, job: SampleJob, scores: ScoreRequest) -> AwaitableConcurrentFuture:
         """Queue a checked request and wake the engine thread; a future of its SampleResponse."""
-        future: Future = Future()
+        return self.submit_unit([(handle, job, scores)], unit=False)[0]
+
+    def submit_unit(self, requests: list[tuple[SamplerHandle, SampleJob, ScoreRequest]], unit: bool = True
+                    ) -> list[AwaitableConcurrentFuture]:
+        """Queue checked requests at once; with ``unit``, they decode together and with no other request (see the
+        module docstring). Futures of their SampleResponses, in order."""
+        number = next(self._units) if unit else None
+        pending = [_PendingSample(handle, job, scores, Future(), number) for handle, job, scores in requests]
         with self._lock:
-            self._pending.append(_PendingSample(handle, job, scores, future))
+            self._pending.extend(pending)
         self._executor.submit(self.drain)
-        return AwaitableConcurrentFuture(future)
+        return [AwaitableConcurrentFuture(p.future) for p in pending]
 
     def drain(self) -> None:
         """Run every waiting request, batched by the weights they sample from (see the module docstring)."""
@@ -88,17 +104,18 @@ class SampleQueue:
         while True:
             with self._lock:
                 waiting = len(self._pending)
+                gathered = all(p.unit is not None for p in self._pending)  # nothing to wait for
             if waiting == 0:
                 return
-            if waiting == seen or time.monotonic() > deadline:
+            if gathered or waiting == seen or time.monotonic() > deadline:
                 break
             seen = waiting
             time.sleep(SAMPLE_GATHER_S)
         with self._lock:
             pending, self._pending = self._pending, []
-        groups: dict[tuple[int, str | None], list[_PendingSample]] = {}
+        groups: dict[tuple[int, str | None, int | None], list[_PendingSample]] = {}
         for request in pending:
-            groups.setdefault((id(request.handle.host), request.handle.adapter), []).append(request)
+            groups.setdefault((id(request.handle.host), request.handle.adapter, request.unit), []).append(request)
         for requests in groups.values():
             for chunk in _chunks(requests, self.max_rows):
                 self._run_chunk(chunk)

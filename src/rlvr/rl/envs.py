@@ -131,6 +131,17 @@ def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max
             "test/correct": sum(r >= 1.0 for r in rewards) / len(rewards)}
 
 
+def sample_together(sampling_client: Any, requests: Sequence[tuple[types.ModelInput, int, types.SamplingParams]]
+                    ) -> list[Any]:
+    """Futures of ``sampling_client.sample(*request)`` for each request, sent as one unit where the client can
+    (rlvr's in-process ``sample_many``: decoded together and alone, so a seeded run's logprobs do not depend on the
+    machine's timing), else one by one (a server or Ray client)."""
+    many = getattr(sampling_client, "sample_many", None)
+    if many is not None:
+        return many(requests)
+    return [sampling_client.sample(prompt, n, params) for prompt, n, params in requests]
+
+
 def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                    max_turns: int = 8, seed: int | None = None, timing: dict[str, float] | None = None
                    ) -> list[TrajectoryGroup]:
@@ -154,9 +165,9 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
     for _ in range(max_turns):
         if not running:
             break
-        futures = [sampling_client.sample(types.ModelInput.from_ints(observations[key]), 1,
-                                          params.model_copy(update={"seed": rng.randrange(2**31)}))
-                   for key in running]
+        futures = sample_together(sampling_client, [
+            (types.ModelInput.from_ints(observations[key]), 1, params.model_copy(update={"seed": rng.randrange(2**31)}))
+            for key in running])
         still = []
         for key, future in zip(running, futures, strict=True):
             sequence = future.result().sequences[0]

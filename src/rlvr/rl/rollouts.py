@@ -19,6 +19,7 @@ Not here: advantages and datums (``advantages.py``, ``datums.py``, ``envs.trajec
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from abc import ABC, abstractmethod
@@ -31,7 +32,7 @@ from rlvr.errors import ConfigurationError
 from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rewards.runner import BatchScores
 from rlvr.rl.config import LoopConfig
-from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, rollout_groups
+from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, rollout_groups, sample_together
 from rlvr.tasks.base import Problem, ProblemSource, select
 
 __all__ = ["EnvRollouts", "ProblemRollouts", "Rollout", "Rollouts", "check_env_dataset", "curriculum_problems",
@@ -109,8 +110,8 @@ def evaluate_problems(sampling_client: Any, tokenizer: Any, source: ProblemSourc
                       runner: RewardRunner, max_tokens: int) -> dict[str, float]:
     """Greedy held-out evaluation: ``test/reward/mean`` and ``test/correct`` (reward >= 1)."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    futures = [sampling_client.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), 1, params)
-               for p in problems]
+    futures = sample_together(sampling_client, [(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), 1, params)
+                                                 for p in problems])
     responses = [tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True) for f in futures]
     scores = runner.score([RewardItem(p.question, r, p.reward_meta()) for p, r in zip(problems, responses,
                                                                                       strict=True)])
@@ -139,13 +140,11 @@ class ProblemRollouts(Rollouts):
         pool = curriculum_problems(self.train_problems, self.config.curriculum, step)
         first = step * self.config.problems_per_step
         problems = [pool[(first + i) % len(pool)] for i in range(self.config.problems_per_step)]
-        return [self._send(problems[i * len(problems) // parts:(i + 1) * len(problems) // parts], sampler, params)
-                for i in range(parts)]
-
-    def _send(self, problems: list[Problem], sampler: Any, params: types.SamplingParams) -> _PendingProblems:
         prompts = [self.source.render_ids(p, self.tokenizer) for p in problems]
-        futures = [sampler.sample(types.ModelInput.from_ints(p), self.config.group_size, params) for p in prompts]
-        return _PendingProblems(problems, prompts, futures)
+        futures = sample_together(sampler, [(types.ModelInput.from_ints(p), self.config.group_size, params)
+                                            for p in prompts])  # one unit: the parts decode as one batch
+        cuts = [i * len(problems) // parts for i in range(parts + 1)]
+        return [_PendingProblems(problems[a:b], prompts[a:b], futures[a:b]) for a, b in itertools.pairwise(cuts)]
 
     def collect(self, pending: _PendingProblems) -> Rollout:
         groups = [f.result().sequences for f in pending.futures]
