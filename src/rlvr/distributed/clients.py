@@ -22,13 +22,13 @@ What it is not: the actors themselves (``actors``), reward scoring (``rewards``)
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tinker import types
 
-from rlvr.client import _async_of, _SelfFuture
+from rlvr.client import _async_of, _SelfFuture, adam_of
 from rlvr.distributed.cluster import Replicas, import_ray, unwrap
 from rlvr.distributed.futures import ActorFuture
 from rlvr.errors import ConfigurationError, SamplingError, WorkerLostError
@@ -78,15 +78,19 @@ class RayServiceClient:
             train_unembed=train_unembed))
         return RayTrainingClient(self, model_id)
 
-    def create_training_client_from_state(self, path: str, user_metadata: dict[str, str] | None = None
-                                          ) -> RayTrainingClient:
-        """Weights from ``path`` (a save_state path, resolved on the trainer's machine), fresh optimizer."""
-        return RayTrainingClient(self, self._get(self.trainer.create_training_client_from_state.remote(path, False)))
+    def create_training_client_from_state(self, path: str, base_model: str | None = None,
+                                          user_metadata: dict[str, str] | None = None) -> RayTrainingClient:
+        """Weights from ``path`` (a save_state path, resolved on the trainer's machine), fresh optimizer;
+        ``base_model``, when given, must be the one the state records."""
+        return RayTrainingClient(self, self._get(
+            self.trainer.create_training_client_from_state.remote(path, False, base_model)))
 
-    def create_training_client_from_state_with_optimizer(self, path: str, user_metadata: dict[str, str] | None = None
-                                                         ) -> RayTrainingClient:
+    def create_training_client_from_state_with_optimizer(
+        self, path: str, base_model: str | None = None, user_metadata: dict[str, str] | None = None
+    ) -> RayTrainingClient:
         """Resume exactly from ``path``: weights, AdamW moments, step and RNG state."""
-        return RayTrainingClient(self, self._get(self.trainer.create_training_client_from_state.remote(path, True)))
+        return RayTrainingClient(self, self._get(
+            self.trainer.create_training_client_from_state.remote(path, True, base_model)))
 
     def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
                                **_ignored: Any) -> RaySamplingClient:
@@ -113,6 +117,8 @@ class RayServiceClient:
         from rlvr.client import ServiceClient
 
         return ServiceClient.get_server_capabilities(self)  # type: ignore[arg-type]  # the same models load here
+
+    get_server_capabilities_async = _async_of(get_server_capabilities)
 
     # -- publication ----------------------------------------------------------------------------------------------
 
@@ -219,9 +225,10 @@ class RayTrainingClient(_SelfFuture):
         """A custom loss (sent to the trainer with cloudpickle, so it must be importable or defined in __main__)."""
         return self._submit("forward_backward_custom", data, loss_fn)
 
-    def optim_step(self, adam_params: types.AdamParams) -> ActorFuture[types.OptimStepResponse]:
-        """One AdamW step on the gradients accumulated so far."""
-        return self._submit("optim_step", adam_params)
+    def optim_step(self, optim_params: types.AdamParams | None = None, *, adam_params: types.AdamParams | None = None
+                   ) -> ActorFuture[types.OptimStepResponse]:
+        """One AdamW step on the gradients accumulated so far (``optim_params`` or the older ``adam_params=``)."""
+        return self._submit("optim_step", adam_of(optim_params, adam_params))
 
     def save_state(self, name: str) -> ActorFuture[types.SaveWeightsResponse]:
         """Save weights, optimizer and RNG state on the trainer's machine as ``rlvr://<run>/weights/<name>``."""
@@ -299,6 +306,13 @@ class RaySamplingClient(_SelfFuture):
 
     sample_async = _async_of(sample, awaited=True)  # the response, as tinker's sample_async returns
 
+    def sample_many(self, requests: Sequence[tuple[types.ModelInput, int, types.SamplingParams]]
+                    ) -> list[ActorFuture[types.SampleResponse]]:
+        """``sample(prompt, num_samples, params)`` for each request, as the in-process client's ``sample_many``.
+        Here each request goes to a replica on its own, and what a replica batches it with depends on timing, so
+        the bit-for-bit promise of the in-process client does not hold on Ray (see docs/training.md)."""
+        return [self.sample(prompt, n, params) for prompt, n, params in requests]
+
     def compute_logprobs(self, prompt: types.ModelInput) -> ActorFuture[list[float | None]]:
         """log p(token_i | tokens_<i) for every prompt token; None for the first."""
         return self._request("compute_logprobs", prompt.to_ints())
@@ -310,6 +324,8 @@ class RaySamplingClient(_SelfFuture):
 
     def get_base_model(self) -> str:
         return self._base_model
+
+    get_base_model_async = _async_of(get_base_model)
 
 
 def _dict(config: Mapping[str, float] | None) -> dict[str, float] | None:

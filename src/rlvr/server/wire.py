@@ -92,14 +92,29 @@ def decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> byt
     if encoding != "zstd":
         raise BadRequest(f"Content-Encoding {content_encoding!r} is not supported; send identity or zstd", 415)
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(body)
-        out = reader.read(max_bytes + 1)
+        reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)  # RFC 8878: 1+ frames
+        parts, size = [], 0
+        while size <= max_bytes and (part := reader.read(max_bytes + 1 - size)):
+            parts.append(part)
+            size += len(part)
+        if size > max_bytes:
+            raise BadRequest(f"decompressed body exceeds the server limit of {max_bytes} bytes; send fewer datums "
+                             "per request", 413)
+        _check_frames_end(body)  # inflates at most what was just read: the limit holds
     except zstandard.ZstdError as exc:
         raise BadRequest(f"body is not valid zstd ({exc}); send the raw protobuf or compress it with zstd") from exc
-    if len(out) > max_bytes:
-        raise BadRequest(f"decompressed body exceeds the server limit of {max_bytes} bytes; send fewer datums per "
-                         "request", 413)
-    return out
+    return b"".join(parts)
+
+
+def _check_frames_end(body: bytes) -> None:
+    """Refuse a zstd body whose last frame is cut off (the stream reader returns what a torn frame inflates to)."""
+    rest = body
+    while rest:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        frame.decompress(rest)
+        if not frame.eof:
+            raise BadRequest("body is a truncated zstd frame (the upload was cut off); send the whole compressed body")
+        rest = frame.unused_data
 
 
 def parse_json(model: type[M], body: bytes) -> M:
