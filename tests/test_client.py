@@ -24,7 +24,7 @@ PAIRS = [(rlvr.ServiceClient, tinker.ServiceClient), (rlvr.TrainingClient, tinke
          (rlvr.SamplingClient, tinker.SamplingClient)]
 # rlvr additions the module documents as such: TrainingClient.parameters ("not part of Tinker's API"), and the
 # result / result_async that let a created client stand in for the future SDK >= 0.38 returns from creation.
-RLVR_ONLY = {"parameters", "result", "result_async"}
+RLVR_ONLY = {"parameters", "result", "result_async", "sample_many"}
 ADAM = types.AdamParams(learning_rate=5e-2)
 
 
@@ -69,27 +69,9 @@ def test_every_parameter_is_one_tinker_takes_with_the_same_default(ours, theirs,
             assert spec.default == tinkers[param].default, (name, param)
 
 
-_POSITIONAL_BUGS = {
-    "create_training_client_from_state": "tinker's second positional parameter is base_model; rlvr's is "
-                                         "user_metadata, and base_model= is refused with a TypeError",
-    "create_training_client_from_state_with_optimizer": "tinker's second positional parameter is base_model; rlvr's "
-                                                        "is user_metadata, and base_model= is refused",
-}
-_POSITIONAL_BUGS |= {f"{name}_async": f"{reason} (the async twin has its sync call's parameters)"
-                     for name, reason in _POSITIONAL_BUGS.items()}
-
-
 def positional_cases() -> list:
-    cases = []
-    for case in shared_methods():
-        name = case.values[2]
-        if name in ("optim_step", "optim_step_async"):  # tested on their own below
-            continue
-        if name in _POSITIONAL_BUGS:
-            case = pytest.param(*case.values, id=case.id,
-                                marks=pytest.mark.xfail(strict=True, reason=_POSITIONAL_BUGS[name]))
-        cases.append(case)
-    return cases
+    return [case for case in shared_methods()
+            if case.values[2] not in ("optim_step", "optim_step_async")]  # tested on their own below
 
 
 @pytest.mark.parametrize(("ours", "theirs", "name"), positional_cases())
@@ -99,9 +81,6 @@ def test_positional_arguments_mean_what_they_mean_in_tinker(ours, theirs, name):
     assert mine == positional(getattr(theirs, name))[: len(mine)]
 
 
-@pytest.mark.xfail(strict=True, reason="tinker 0.38's optim_step(optim_params=None, *, adam_params=None) names its "
-                                       "parameter optim_params (adam_params is the legacy keyword); rlvr's takes "
-                                       "only adam_params, so optim_step(optim_params=...) is a TypeError")
 def test_optim_step_takes_tinkers_optim_params_keyword(service):
     tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=43)
     tc.forward_backward([ce_datum([1, 2, 3])], "cross_entropy")
@@ -112,6 +91,26 @@ def test_optim_step_takes_its_params_positionally_or_as_adam_params(tc):
     for call in (lambda: tc.optim_step(ADAM), lambda: tc.optim_step(adam_params=ADAM)):
         tc.forward_backward([ce_datum([1, 2, 3])], "cross_entropy")
         assert call().result().metrics["learning_rate:mean"] == ADAM.learning_rate
+
+
+def test_optim_step_refuses_both_neither_and_other_optimizers(tc):
+    tc.forward_backward([ce_datum([1, 2, 3])], "cross_entropy")
+    for call, message in ((lambda: tc.optim_step(ADAM, adam_params=ADAM), "got both"),
+                          (lambda: tc.optim_step(), "got neither"),
+                          (lambda: tc.optim_step(types.DimuonParams(learning_rate=1e-3)), "takes types.AdamParams")):
+        with pytest.raises(ConfigurationError, match=message):
+            call()
+    assert tc.optim_step(ADAM).result().metrics["grad_norm:mean"] > 0  # the gradients were kept
+
+
+def test_a_state_loads_with_its_base_model_named_and_refuses_another(service, tmp_path):
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=44)
+    path = tc.save_state("named-base").result().path
+    for create in (service.create_training_client_from_state,
+                   service.create_training_client_from_state_with_optimizer):
+        assert create(path, "tiny").get_info().model_data.model_name == "tiny"
+        with pytest.raises(ConfigurationError, match="was trained on 'tiny'"):
+            create(path, "smollm2-135m")
 
 
 def test_existing_async_twins_are_coroutine_functions():
@@ -135,8 +134,6 @@ def test_async_twins_take_their_sync_calls_parameters_and_are_annotated_as_tinke
             assert mine.return_annotation == inspect.signature(getattr(theirs, name)).return_annotation, name
 
 
-@pytest.mark.xfail(strict=True, reason="ServiceClient.get_server_capabilities_async and "
-                                       "SamplingClient.get_base_model_async, which tinker has, are missing")
 def test_every_method_with_an_async_twin_in_tinker_has_one_here():
     missing = [f"{ours.__name__}.{name}_async" for ours, theirs in PAIRS for name in public_methods(ours)
                if name not in RLVR_ONLY and not name.endswith("_async")

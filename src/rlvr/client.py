@@ -31,9 +31,11 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture
 from transformers import PreTrainedTokenizerBase
 
+from rlvr.engine import checkpoint
 from rlvr.engine.device import resolve_device
 from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
 from rlvr.engine.lora import LORA_ALPHA, LoraSpec
+from rlvr.engine.models import canonical_name
 from rlvr.engine.scores import ScoreRequest
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision
@@ -64,6 +66,19 @@ def _async_of(method: Callable[..., Any], awaited: bool = False) -> Callable[...
     twin.__annotations__ = {**method.__annotations__, "return": signature.return_annotation}
     twin.__signature__ = signature  # type: ignore[attr-defined]  # what inspect.signature shows
     return twin
+
+
+def adam_of(optim_params: Any, adam_params: Any) -> types.AdamParams:
+    """The AdamParams of an ``optim_step(optim_params, *, adam_params)`` call as Tinker's SDK takes it (one of the
+    two; ``adam_params=`` is its older keyword)."""
+    if (optim_params is None) == (adam_params is None):
+        raise ConfigurationError("optim_step takes one of optim_params and adam_params (a types.AdamParams), got "
+                                 f"{'both' if optim_params is not None else 'neither'}")
+    params = optim_params if optim_params is not None else adam_params
+    if not isinstance(params, types.AdamParams):
+        raise ConfigurationError(f"optim_step: rlvr's optimizer is AdamW, so it takes types.AdamParams, got "
+                                 f"{type(params).__name__}")
+    return params
 
 
 class _SelfFuture:
@@ -117,18 +132,20 @@ class ServiceClient:
 
     create_lora_training_client_async = _async_of(create_lora_training_client)
 
-    def create_training_client_from_state(self, path: str, user_metadata: dict[str, str] | None = None
-                                          ) -> TrainingClient:
-        """A TrainingClient with the weights saved at ``path`` (a save_state path) and a fresh optimizer."""
-        return TrainingClient(self, self.engine.run(self.engine.trainer_from_state, path, False))
+    def create_training_client_from_state(self, path: str, base_model: str | None = None,
+                                          user_metadata: dict[str, str] | None = None) -> TrainingClient:
+        """A TrainingClient with the weights saved at ``path`` (a save_state path) and a fresh optimizer.
+        ``base_model``, when given, must be the one the state was trained on (the state records it)."""
+        return TrainingClient(self, self._trainer_from_state(path, base_model, False))
 
     create_training_client_from_state_async = _async_of(create_training_client_from_state)
 
     def create_training_client_from_state_with_optimizer(
-        self, path: str, user_metadata: dict[str, str] | None = None
+        self, path: str, base_model: str | None = None, user_metadata: dict[str, str] | None = None
     ) -> TrainingClient:
-        """A TrainingClient resuming exactly from ``path``: weights, AdamW moments, step and RNG state."""
-        return TrainingClient(self, self.engine.run(self.engine.trainer_from_state, path, True))
+        """A TrainingClient resuming exactly from ``path``: weights, AdamW moments, step and RNG state.
+        ``base_model``, when given, must be the one the state was trained on (the state records it)."""
+        return TrainingClient(self, self._trainer_from_state(path, base_model, True))
 
     create_training_client_from_state_with_optimizer_async = _async_of(
         create_training_client_from_state_with_optimizer)
@@ -150,6 +167,16 @@ class ServiceClient:
 
         return types.GetServerCapabilitiesResponse(
             supported_models=[types.SupportedModel(model_name=name) for name in ("tiny", SMOLLM2)])
+
+    get_server_capabilities_async = _async_of(get_server_capabilities)
+
+    def _trainer_from_state(self, path: str, base_model: str | None, with_optimizer: bool) -> Trainer:
+        if base_model is not None:
+            trained_on = checkpoint.read_meta(path)[1]["base_model"]
+            if canonical_name(base_model) != canonical_name(trained_on):
+                raise ConfigurationError(f"base_model={base_model!r}, but {path} was trained on {trained_on!r}; leave "
+                                         "base_model out (the state records it) or pass that one")
+        return self.engine.run(self.engine.trainer_from_state, path, with_optimizer)
 
 
 class TrainingClient(_SelfFuture):
@@ -179,9 +206,11 @@ class TrainingClient(_SelfFuture):
         holds datum i's target-token logprobs and carries gradient."""
         return self.engine.submit(self.engine.forward_backward_custom, self._trainer, data, loss_fn)
 
-    def optim_step(self, adam_params: types.AdamParams) -> APIFuture[types.OptimStepResponse]:
-        """One AdamW step on the gradients accumulated since the last step; metrics hold ``grad_norm:mean``."""
-        return self.engine.submit(self.engine.optim_step, self._trainer, adam_params)
+    def optim_step(self, optim_params: types.AdamParams | None = None, *, adam_params: types.AdamParams | None = None
+                   ) -> APIFuture[types.OptimStepResponse]:
+        """One AdamW step on the gradients accumulated since the last step; metrics hold ``grad_norm:mean``.
+        The parameters come as Tinker takes them: ``optim_params`` (positional) or the older ``adam_params=``."""
+        return self.engine.submit(self.engine.optim_step, self._trainer, adam_of(optim_params, adam_params))
 
     forward_async = _async_of(forward)
     forward_backward_async = _async_of(forward_backward)
@@ -255,7 +284,7 @@ class SamplingClient(_SelfFuture):
         self._handle = handle
         self.model_path = handle.model_path
         if handle.model_path is not None:  # Free the snapshot's adapter once no client uses it.
-            weakref.finalize(self, engine.release_sampler_later, handle.model_path)
+            weakref.finalize(self, engine.release_sampler_later, handle.model_path, handle.adapter)
 
     def sample(
         self,
@@ -297,6 +326,8 @@ class SamplingClient(_SelfFuture):
 
     def get_base_model(self) -> str:
         return self._handle.host.base.name
+
+    get_base_model_async = _async_of(get_base_model)
 
 
 def _engine(engine: Engine | None, precision: str | None, device: str | torch.device | None = None) -> Engine:

@@ -271,9 +271,6 @@ def test_a_bad_sampling_request_fails_on_its_future_with_a_named_error(engine, p
         future.result(timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="Engine.host calls canonical_name(base_model) before load_base_model checks "
-                                       "it: '' is read as the current folder ('... is a folder without config.json') "
-                                       "and None fails with a bare TypeError from pathlib")
 @pytest.mark.parametrize("base_model", ["", None])
 def test_a_base_model_that_is_not_a_name_is_refused_as_such(engine, base_model):
     with pytest.raises(ModelLoadError, match="base_model must be a non-empty string"):
@@ -340,9 +337,6 @@ def test_a_released_named_snapshot_reloads_from_disk_with_the_same_logprobs(engi
     assert engine.run(engine.compute_logprobs, engine.run(engine.sampler, path, None), prompt) == want
 
 
-@pytest.mark.xfail(strict=True, reason="save_for_sampler under a name already in memory replaces the entry in "
-                                       "Engine._snapshots without retiring the old adapter or resetting its use "
-                                       "count: saving 'latest' every step adds one adapter per step, never freed")
 def test_saving_sampler_weights_under_one_name_again_and_again_keeps_adapters_bounded(engine):
     trainer = new_trainer(engine, seed=12)
     datum = ce_datum([2, 4, 6, 8])
@@ -350,12 +344,29 @@ def test_saving_sampler_weights_under_one_name_again_and_again_keeps_adapters_bo
     for _ in range(4):
         train_step(engine, trainer, datum)
         path = engine.run(engine.save_for_sampler, trainer, "latest")
-        engine.run(engine.sampler, path, None)  # the new SamplingClient
-        if previous is not None:
-            engine.run(engine.release_sampler, previous)  # the old one is garbage-collected
-        previous = path
+        handle = engine.run(engine.sampler, path, None)  # the new SamplingClient
+        if previous is not None:  # the old one is garbage-collected, releasing the snapshot it held
+            engine.run(engine.release_sampler, previous.model_path, previous.adapter)
+        previous = handle
         counts.append(len(trainer.host.specs))
     assert counts[-1] == counts[1], counts
+    assert previous.adapter in trainer.host.specs  # the snapshot still in use stays
+
+
+def test_a_snapshot_replaced_under_its_name_stays_while_a_client_samples_it(engine):
+    trainer = new_trainer(engine, seed=13)
+    prompt = types.ModelInput.from_ints([3, 5, 7, 9])
+    old = engine.run(engine.sampler, engine.run(engine.save_for_sampler, trainer, "latest"), None)
+    before = engine.run(engine.compute_logprobs, old, prompt)
+    train_step(engine, trainer, ce_datum([3, 5, 7, 9]))
+    new = engine.run(engine.sampler, engine.run(engine.save_for_sampler, trainer, "latest"), None)
+    assert engine.run(engine.compute_logprobs, old, prompt) == before  # the old client still samples old weights
+    assert engine.run(engine.compute_logprobs, new, prompt) != before
+    adapters = len(trainer.host.specs)
+    engine.run(engine.release_sampler, old.model_path, old.adapter)  # retired: the next snapshot reuses it
+    engine.run(engine.save_for_sampler, trainer, "other")
+    assert len(trainer.host.specs) == adapters
+    assert engine.run(engine.compute_logprobs, new, prompt) != before
 
 
 # -- precision --------------------------------------------------------------------------------------------------------

@@ -62,10 +62,10 @@ class TrainerActor:
     def create_lora_training_client(self, **kwargs: Any) -> str:
         return self._add(self._service.create_lora_training_client(**kwargs))
 
-    def create_training_client_from_state(self, path: str, with_optimizer: bool) -> str:
+    def create_training_client_from_state(self, path: str, with_optimizer: bool, base_model: str | None = None) -> str:
         if with_optimizer:
-            return self._add(self._service.create_training_client_from_state_with_optimizer(path))
-        return self._add(self._service.create_training_client_from_state(path))
+            return self._add(self._service.create_training_client_from_state_with_optimizer(path, base_model))
+        return self._add(self._service.create_training_client_from_state(path, base_model))
 
     def _add(self, client: TrainingClient) -> str:
         self._clients[client.model_id] = client

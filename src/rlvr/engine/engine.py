@@ -121,8 +121,8 @@ class Engine:
         self._rng_lock = threading.Lock()  # guards each SamplerHandle's rng (callers' threads draw request seeds)
         self._hosts: dict[str, AdapterHost] = {}
         self._names = itertools.count()
-        self._snapshots: dict[str, tuple[AdapterHost, str]] = {}  # sampler path -> adapter holding it
-        self._snapshot_refs: dict[str, int] = {}
+        self._snapshots: dict[str, tuple[AdapterHost, str]] = {}  # sampler path -> the adapter it names now
+        self._snapshot_refs: dict[str, tuple[AdapterHost, int]] = {}  # snapshot adapter -> its SamplingClients
 
     @classmethod
     def default(cls, precision: str | None = None, device: str | torch.device | None = None) -> Engine:
@@ -334,8 +334,12 @@ class Engine:
         if name is not None:
             checkpoint.write(path, self._adapter_files(trainer))
         snapshot = trainer.host.copy(trainer.adapter, self._new_adapter_name("sampler"))
+        if path in self._snapshots:  # saved again under one name: the older snapshot goes once no client uses it
+            _, older = self._snapshots[path]
+            if self._snapshot_refs[older][1] <= 0:
+                self._retire_snapshot(older)
         self._snapshots[path] = (trainer.host, snapshot)
-        self._snapshot_refs.setdefault(path, 0)
+        self._snapshot_refs[snapshot] = (trainer.host, 0)
         return path
 
     def sampler(self, model_path: str | None, base_model: str | None) -> SamplerHandle:
@@ -352,25 +356,34 @@ class Engine:
             host.add(snapshot, LoraSpec(**meta["lora"]), seed=0)
             host.load_state_dict(snapshot, checkpoint.read_adapter(folder))
             self._snapshots[model_path] = (host, snapshot)
-            self._snapshot_refs.setdefault(model_path, 0)
+            self._snapshot_refs[snapshot] = (host, 0)
         host, snapshot = self._snapshots[model_path]
-        self._snapshot_refs[model_path] += 1
+        self._snapshot_refs[snapshot] = (host, self._snapshot_refs[snapshot][1] + 1)
         return SamplerHandle(host, snapshot, model_path)
 
-    def release_sampler(self, model_path: str) -> None:
-        """Drop a snapshot's adapter when no SamplingClient uses it any more (it reloads from disk if named)."""
-        if model_path not in self._snapshot_refs:
+    def release_sampler(self, model_path: str, adapter: str | None = None) -> None:
+        """Drop a snapshot's adapter when no SamplingClient uses it any more (it reloads from disk if named).
+        ``adapter``: the snapshot a client held (None: the one ``model_path`` names now)."""
+        if adapter is None:
+            adapter = self._snapshots.get(model_path, (None, None))[1]
+        if adapter not in self._snapshot_refs:
             return
-        self._snapshot_refs[model_path] -= 1
-        if self._snapshot_refs[model_path] <= 0:
-            host, snapshot = self._snapshots.pop(model_path)
-            del self._snapshot_refs[model_path]
-            host.retire(snapshot)
+        host, refs = self._snapshot_refs[adapter]
+        self._snapshot_refs[adapter] = (host, refs - 1)
+        if refs - 1 <= 0:
+            self._retire_snapshot(adapter)
 
-    def release_sampler_later(self, model_path: str) -> None:
+    def _retire_snapshot(self, adapter: str) -> None:
+        host, _ = self._snapshot_refs.pop(adapter)
+        for path, (_, current) in list(self._snapshots.items()):
+            if current == adapter:
+                del self._snapshots[path]
+        host.retire(adapter)
+
+    def release_sampler_later(self, model_path: str, adapter: str | None = None) -> None:
         """Queue ``release_sampler`` (called when a SamplingClient is garbage-collected, from any thread)."""
         try:
-            self._executor.submit(self.release_sampler, model_path)
+            self._executor.submit(self.release_sampler, model_path, adapter)
         except RuntimeError:  # The interpreter is shutting down; nothing left to free.
             pass
 

@@ -61,6 +61,8 @@ def rlvr_home() -> Path:
 
 def canonical_name(base_model: str) -> str:
     """The name a base model is cached and recorded under (aliases resolved, local paths absolute)."""
+    if not isinstance(base_model, str) or not base_model:  # '' would be the current folder, None a TypeError
+        raise ModelLoadError(f"base_model must be a non-empty string such as 'tiny' or '{SMOLLM2}', got {base_model!r}")
     name = ALIASES.get(base_model, base_model)
     if name not in ("tiny", SMOLLM2) and Path(name).expanduser().exists():
         return str(Path(name).expanduser().resolve())
@@ -71,9 +73,7 @@ def load_base_model(base_model: str, device: torch.device | str = "cpu", dtype: 
                     attn_implementation: str | None = None) -> LoadedModel:
     """Load ``base_model`` (see the module docstring) as a frozen model in eval mode, its weights in ``dtype`` on
     ``device``; ``attn_implementation``: the transformers attention it runs (None: transformers' default)."""
-    if not isinstance(base_model, str) or not base_model:
-        raise ModelLoadError(f"base_model must be a non-empty string such as 'tiny' or '{SMOLLM2}', got {base_model!r}")
-    name = canonical_name(base_model)
+    name = canonical_name(base_model)  # refuses what is not a name
     if name == "tiny":
         model, tokenizer = build_tiny_model()
     elif name == SMOLLM2:
