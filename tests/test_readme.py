@@ -1,0 +1,78 @@
+"""The README's commands are ones rlvr takes: every ``./rlvr`` line of its shell blocks names a command and options
+the CLI has, with settings (``key=value``) that resolve to a valid config; every Python block compiles; every link
+to a file of the repository and every path of its file map exists.
+
+What this cannot see: whether a command's run succeeds (the recipes, the loop and the server have their own tests)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+from rlvr.cli import app
+from rlvr.rl.config import resolve_config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
+RUN = "runs/arithmetic-20261123-014534"  # the run folder the README's examples name
+
+
+def rlvr_commands() -> list[str]:
+    lines = [line.split("  #")[0].strip() for kind, body in BLOCKS if kind == "bash" for line in body.splitlines()]
+    commands = [part.strip() for line in lines for part in line.split("&&") if part.strip()]
+    return [c for c in commands if c.startswith("./rlvr ") or re.match(r"^(\w+=\S+ )+\./rlvr ", c)]
+
+
+def test_the_readme_has_rlvr_commands():
+    assert len(rlvr_commands()) >= 10
+
+
+@pytest.mark.parametrize("command", rlvr_commands())
+def test_each_rlvr_command_parses_and_its_settings_resolve(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.yaml").write_text("steps: 5\n")
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "1 + 1 =", "completion": " 2"}\n')
+    (tmp_path / RUN).mkdir(parents=True)
+    args = shlex.split(command.split("./rlvr ", 1)[1])
+    group = typer.main.get_command(app)
+    name, rest = args[0], args[1:]
+    with click.Context(group, info_name="rlvr") as ctx:
+        sub = group.get_command(ctx, name)
+        assert sub is not None, f"rlvr has no command {name!r}"
+        try:
+            params = sub.make_context(name, rest, parent=ctx).params
+        except (click.exceptions.Exit, typer.Exit):  # --help
+            return
+    if name in ("train", "eval"):
+        data = params.get("data")
+        overrides = [*(params.get("overrides") or []), *([f"data={data}"] if data else [])]
+        resolve_config(recipe=params.get("recipe"), config_file=params.get("config"), overrides=overrides)
+
+
+@pytest.mark.parametrize("number", [n for n, (kind, _) in enumerate(BLOCKS) if kind == "python"])
+def test_each_python_block_compiles(number):
+    compile(BLOCKS[number][1], f"README.md python block {number}", "exec")
+
+
+def test_every_linked_file_and_file_map_path_exists():
+    links = re.findall(r"\]\(((?:docs|examples|bench|src|tests)/[^)#\s]+)", README)
+    file_map = next(body for kind, body in BLOCKS if kind == "" and "src/rlvr/" in body)
+    paths, parents = [], {0: ""}
+    for line in file_map.splitlines():
+        entry = line.split("#")[0].rstrip()
+        if not entry.strip():
+            continue
+        depth = (len(entry) - len(entry.lstrip())) // 2
+        names = entry.split()
+        for name in names:
+            paths.append(parents.get(depth, "") + name)
+        if len(names) == 1 and names[0].endswith("/"):
+            parents[depth + 1] = parents.get(depth, "") + names[0]
+    missing = [p for p in links + paths if not (ROOT / p).exists()]
+    assert not missing, f"the README names paths that do not exist: {missing}"
