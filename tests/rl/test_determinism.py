@@ -7,6 +7,7 @@ does, as briefly as shows the point (8 steps, 2 problems of 4 samples, 4 tokens)
 """
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -52,6 +53,21 @@ elif DIE == "inside_second_checkpoint":
             torch.save = save_then_die
         return write(path, files)
     ckpt.write = dying_write
+TIMING = {timing!r}
+if DIE.startswith("random:") or TIMING:  # times from the first checkpoint's record; a kill that many seconds after it
+    import threading, time
+    import rlvr.rl.checkpoints as cps
+    record, marks = cps.record_checkpoint, []
+    def record_and_time(run_dir, entry):
+        record(run_dir, entry)
+        marks.append(time.monotonic())
+        if TIMING:
+            Path(TIMING).write_text(str(marks[-1] - marks[0]))  # the last record's time after the first
+        if DIE and len(marks) == 1:
+            timer = threading.Timer(float(DIE.split(":")[1]), os.kill, (os.getpid(), signal.SIGKILL))
+            timer.daemon = True
+            timer.start()
+    cps.record_checkpoint = record_and_time
 """
 
 _TINY = """
@@ -70,9 +86,13 @@ else:
 """
 
 
-def run_process(body: str, out: Path, resume: bool = False, die: str = "") -> subprocess.CompletedProcess:
-    """Train (or resume) in a fresh Python process, optionally killing it as ``die`` says."""
-    script = textwrap.dedent(_PRELUDE.format(tests=str(Path(__file__).parent), die=die)
+def run_process(body: str, out: Path, resume: bool = False, die: str = "", timing: Path | None = None
+                ) -> subprocess.CompletedProcess:
+    """Train (or resume) in a fresh Python process, optionally killing it as ``die`` says (``random:S``: S seconds
+    after the first checkpoint is recorded); ``timing``: a file that receives the seconds from the first checkpoint's
+    record to the last's."""
+    script = textwrap.dedent(_PRELUDE.format(tests=str(Path(__file__).parent), die=die,
+                                             timing=str(timing) if timing else "")
                              + body.format(out=str(out), resume=resume))
     env = {k: v for k, v in os.environ.items() if k not in ("RLVR_MATMUL", "PYTHONHASHSEED")}
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])  # this checkout's rlvr
@@ -105,19 +125,29 @@ def check_two_processes(tmp_path: Path, body: str, run: str, steps: int) -> None
 
 
 def check_kill_and_resume(tmp_path: Path, body: str, run: str, steps: int) -> None:
-    done = run_process(body, tmp_path / "straight")
+    """Killed after the first checkpoint's metrics row, inside the second checkpoint's write, and at a random moment
+    between the first checkpoint and the last (drawn from the uninterrupted run's timing; the seed is in the
+    message): each resumed run equals the uninterrupted one."""
+    timing = tmp_path / "timing"
+    done = run_process(body, tmp_path / "straight", timing=timing)
     assert done.returncode == 0, done.stderr[-3000:]
-    for die, resumes_from in (("after_first_checkpoint", 2), ("inside_second_checkpoint", 2)):
-        out = tmp_path / die
+    seed = random.randrange(2**32)
+    delays = random.Random(seed).uniform(0, float(timing.read_text()))
+    for die, resumes_from in (("after_first_checkpoint", 2), ("inside_second_checkpoint", 2),
+                              (f"random:{delays:.3f}", None)):
+        out = tmp_path / die.split(":")[0]
         killed = run_process(body, out, die=die)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-        assert last_checkpoint(out / run)["step"] == resumes_from
-        assert max(r["step"] for r in read_jsonl(out / run / "metrics.jsonl")) >= resumes_from  # rows to drop
+        if resumes_from is None and killed.returncode == 0:  # the draw outlived this (slower or faster) run
+            continue
+        assert killed.returncode == -signal.SIGKILL, (die, seed, killed.stderr[-3000:])
+        if resumes_from is not None:
+            assert last_checkpoint(out / run)["step"] == resumes_from
+            assert max(r["step"] for r in read_jsonl(out / run / "metrics.jsonl")) >= resumes_from  # rows to drop
         done = run_process(body, out, resume=True)
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, (die, seed, done.stderr[-3000:])
         assert_same_run(tmp_path / "straight" / run, out / run, steps)
         rollouts = sorted(p.name for p in (out / run / "rollouts").glob("step-*.jsonl"))
-        assert rollouts == [f"step-{s:06d}.jsonl" for s in range(steps)]
+        assert rollouts == [f"step-{s:06d}.jsonl" for s in range(steps)], (die, seed)
 
 
 def test_two_processes_train_tiny_alike(tmp_path):
