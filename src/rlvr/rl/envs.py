@@ -119,6 +119,11 @@ class RLDataset(ABC):
         none by default."""
         return []
 
+    def bind_tokenizer(self, tokenizer: Any) -> None:
+        """Called by the loop with the trained model's tokenizer before it asks for any batch. A dataset made
+        before the model loads (a recipe's) renders its envs with it; one given its tokenizer already ignores it."""
+        del tokenizer  # by default the dataset was given its tokenizer when made
+
 
 def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max_tokens: int,
                   max_turns: int) -> dict[str, float]:
