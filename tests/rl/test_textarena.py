@@ -1,0 +1,112 @@
+"""textarena games as envs: scripted games end with the outcome as the reward (win, draw, loss, invalid moves), and
+bad names and failing games are clear errors."""
+
+import random
+
+import pytest
+
+pytest.importorskip("textarena")
+
+from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.errors import ConfigurationError, RewardError
+from rlvr.rl.textarena import TextArenaDataset, TextArenaEnv
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def lowest_empty(game_state, rng):
+    """A predictable opponent: the lowest-numbered empty cell."""
+    board = game_state["board"]
+    return f"[{min(r * 3 + c for r in range(3) for c in range(3) if board[r][c] == '')}]"
+
+
+def play(env, tokenizer, moves):
+    """Each move as the model's reply (ending with the stop token, as sampled); the StepResults."""
+    results = []
+    for move in moves:
+        results.append(env.step(tokenizer.encode(move + "<|im_end|>", add_special_tokens=False)))
+        if results[-1].done:
+            break
+    return results
+
+
+def test_a_won_game_rewards_1_and_each_turn_shows_the_opponents_move(tokenizer):
+    env = TextArenaEnv("TicTacToe-v0", tokenizer, seed=1, seat=0, opponent=lowest_empty)
+    first = tokenizer.decode(env.initial_observation())
+    assert first.startswith("<|im_start|>user\n[GAME] You are Player 0 in Tic Tac Toe.")
+    assert first.endswith("<|im_start|>assistant\n")
+    # model 4, opponent 0; model 3, opponent 1; model 5: the middle row
+    results = play(env, tokenizer, ["[4]", "[3]", "[5]"])
+    assert [r.reward for r in results] == [0.0, 0.0, 1.0] and [r.done for r in results] == [False, False, True]
+    assert results[-1].metrics == {"invalid_move": 0.0, "win": 1.0, "draw": 0.0, "loss": 0.0, "moves": 3.0}
+    second = tokenizer.decode(results[0].next_observation)
+    assert second.startswith(first + "[4]<|im_end|>\n<|im_start|>user\n")  # one growing conversation
+    assert "[Player 1] [0]" in second and "placed their symbol (X) in cell 0" in second
+
+
+def test_a_lost_game_rewards_minus_1_and_a_draw_0(tokenizer):
+    lost = TextArenaEnv("TicTacToe-v0", tokenizer, seed=1, seat=1, opponent=lowest_empty)
+    assert "[Player 0] [0]" in tokenizer.decode(lost.initial_observation())  # the opponent moved first
+    results = play(lost, tokenizer, ["[8]", "[7]"])  # the opponent takes 0, 1, 2
+    assert [r.reward for r in results] == [0.0, -1.0]
+    assert results[-1].metrics["loss"] == 1.0 and results[-1].metrics["moves"] == 2.0
+    drawn = TextArenaEnv("TicTacToe-v0", tokenizer, seed=1, seat=0, opponent=lowest_empty)
+    drawn.initial_observation()
+    results = play(drawn, tokenizer, ["[1]", "[3]", "[4]", "[6]", "[8]"])
+    assert results[-1].done and results[-1].reward == 0.0 and results[-1].metrics["draw"] == 1.0
+
+
+def test_an_invalid_move_is_pointed_out_and_a_second_loses(tokenizer):
+    env = TextArenaEnv("TicTacToe-v0", tokenizer, seed=1, seat=0, opponent=lowest_empty)
+    env.initial_observation()
+    first = play(env, tokenizer, ["hello"])[0]
+    assert (first.reward, first.done, first.metrics) == (0.0, False, {"invalid_move": 1.0})
+    assert "attempted an invalid move" in tokenizer.decode(first.next_observation)
+    second = play(env, tokenizer, ["[9]"])[0]  # off the board: the second invalid move in a row
+    assert (second.reward, second.done) == (-1.0, True)
+    assert second.metrics["invalid_move"] == 1.0 and second.metrics["loss"] == 1.0
+
+
+def test_a_group_replays_one_seeded_game_and_leaves_the_global_random_alone(tokenizer):
+    dataset = TextArenaDataset("TicTacToe-v0", tokenizer, games_per_batch=2, group_size=3, seed=7)
+    [first, second] = dataset.get_batch(0)
+    assert (first.seat, second.seat) == (0, 1)  # seats alternate game by game
+    state = random.getstate()
+    transcripts = []
+    for env in first.make_envs():
+        observation = env.initial_observation()
+        for result in play(env, tokenizer, ["[0]", "[1]", "[2]", "[3]", "[4]", "[5]", "[6]", "[7]", "[8]"]):
+            observation = result.next_observation or observation
+        transcripts.append(observation)
+    assert transcripts[0] == transcripts[1] == transcripts[2]  # the same opponent moves for the same play
+    assert random.getstate() == state
+    again = TextArenaDataset("TicTacToe-v0", tokenizer, games_per_batch=2, group_size=3, seed=7)
+    assert [g.seed for g in again.get_batch(0)] == [first.seed, second.seed]
+    assert len({g.seed for g in dataset.get_batch(1)} | {first.seed, second.seed}) == 4
+    assert {g.seed for g in dataset.test_groups()}.isdisjoint({first.seed, second.seed})
+
+
+def test_an_unknown_game_or_one_without_an_opponent_is_a_clear_error():
+    with pytest.raises(ConfigurationError, match=r"'TicTacToe-v9' is not a textarena environment \(did you mean "
+                                                 r"TicTacToe-v0.*TicTacToe-v0, .*list_games\(\)"):
+        TextArenaDataset("TicTacToe-v9")
+    with pytest.raises(ConfigurationError, match=r"'Chess-v0' \(ChessEnv\) has no built-in opponent.*opponent="):
+        TextArenaDataset("Chess-v0")
+
+
+def test_a_game_that_raises_is_a_reward_error_naming_it(tokenizer):
+    def broken(game_state, rng):
+        raise KeyError("board")
+
+    env = TextArenaEnv("TicTacToe-v0", tokenizer, seed=3, seat=1, opponent=broken)
+    with pytest.raises(RewardError, match=r"textarena TicTacToe-v0 \(game seed 3, seat 1\) raised in the opponent's "
+                                          r"move: KeyError: 'board'"):
+        env.initial_observation()
+    env = TextArenaEnv("TicTacToe-v0", tokenizer, seed=3, seat=0, opponent=lowest_empty)
+    env.initial_observation()
+    env.game.env.step = lambda action: 1 / 0  # the game itself fails mid-episode
+    with pytest.raises(RewardError, match=r"raised in step: ZeroDivisionError"):
+        play(env, tokenizer, ["[4]"])
