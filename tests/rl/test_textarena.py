@@ -1,6 +1,8 @@
-"""textarena games as envs: scripted games end with the outcome as the reward (win, draw, loss, invalid moves), and
-bad names and failing games are clear errors."""
+"""textarena games as envs: scripted games end with the outcome as the reward (win, draw, loss, invalid moves),
+bad names and failing games are clear errors, and the loop trains on the recipe with the outcome logged."""
 
+import io
+import json
 import random
 
 import pytest
@@ -9,6 +11,8 @@ pytest.importorskip("textarena")
 
 from rlvr.engine.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError, RewardError
+from rlvr.rl.config import resolve_config
+from rlvr.rl.recipes import build_source
 from rlvr.rl.textarena import TextArenaDataset, TextArenaEnv
 
 
@@ -89,12 +93,25 @@ def test_a_group_replays_one_seeded_game_and_leaves_the_global_random_alone(toke
     assert {g.seed for g in dataset.test_groups()}.isdisjoint({first.seed, second.seed})
 
 
+def test_the_instruction_follows_the_games_first_message_only(tokenizer):
+    dataset = TextArenaDataset("Nim-v0", tokenizer, games_per_batch=1, seat=0, instruction="Reply with only your move.")
+    env = dataset.get_batch(0)[0].make_envs()[0]
+    first = tokenizer.decode(env.initial_observation())
+    assert first.endswith("pile 2: 5\n\nReply with only your move.<|im_end|>\n<|im_start|>assistant\n")
+    [result] = play(env, tokenizer, ["[0 1]"])
+    assert tokenizer.decode(result.next_observation).count("Reply with only your move.") == 1
+
+
 def test_an_unknown_game_or_one_without_an_opponent_is_a_clear_error():
     with pytest.raises(ConfigurationError, match=r"'TicTacToe-v9' is not a textarena environment \(did you mean "
                                                  r"TicTacToe-v0.*TicTacToe-v0, .*list_games\(\)"):
         TextArenaDataset("TicTacToe-v9")
     with pytest.raises(ConfigurationError, match=r"'Chess-v0' \(ChessEnv\) has no built-in opponent.*opponent="):
         TextArenaDataset("Chess-v0")
+    with pytest.raises(ConfigurationError, match=r"task.env_id='Tictactoe' is not a textarena environment"):
+        build_source(resolve_config(recipe="textarena", overrides=["task.env_id=Tictactoe"]))
+    with pytest.raises(ConfigurationError, match=r"reward='math_correct': recipe 'textarena' plays games"):
+        build_source(resolve_config(recipe="textarena", overrides=["reward=math_correct"]))
 
 
 def test_a_game_that_raises_is_a_reward_error_naming_it(tokenizer):
@@ -110,3 +127,27 @@ def test_a_game_that_raises_is_a_reward_error_naming_it(tokenizer):
     env.game.env.step = lambda action: 1 / 0  # the game itself fails mid-episode
     with pytest.raises(RewardError, match=r"raised in step: ZeroDivisionError"):
         play(env, tokenizer, ["[4]"])
+
+
+def test_the_recipe_trains_tiny_with_the_outcome_as_reward(tmp_path):
+    from rich.console import Console
+
+    from rlvr.rl.evaluation import evaluate
+    from rlvr.rl.run import train
+
+    # Nim: its conversation stays within tiny's 1,024-byte context for 3 turns (TicTacToe's passes it in 3)
+    settings = {"recipe": "textarena", "task": {"env_id": "Nim-v0"}, "base_model": "tiny", "steps": 2,
+                "problems_per_step": 2, "group_size": 2, "max_tokens": 4, "max_turns": 3, "eval_problems": 2,
+                "save_every": 0, "out": str(tmp_path / "run")}
+    result = train(settings, console=Console(file=io.StringIO()))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 1]
+    for row in rows:
+        mean = row["env/all/reward/mean"]  # of 4 games, each +1, 0 or -1 (0 also: cut short)
+        assert -1.0 <= mean <= 1.0 and mean * 4 == round(mean * 4)
+        ended = [row.get(f"env/all/{k}") for k in ("win", "draw", "loss")]
+        assert None not in ended and sum(ended) == pytest.approx(1.0)  # averaged over the games that ended
+        assert 0.0 <= row["env/all/invalid_move"] <= 1.0
+    assert set(result["summary"]["after"]) >= {"test/reward/mean", "test/correct", "test/turns"}
+    scored = evaluate(dict(settings, out=str(tmp_path / "eval")), problems=1)
+    assert scored["problems"] == 1 and -1.0 <= scored["test/reward/mean"] <= 1.0

@@ -122,12 +122,15 @@ def resolve_opponent(env_id: str, opponent: Opponent | None = None) -> Opponent:
 
 
 class TextArenaEnv(Env):
-    """One game of ``env_id``: the model plays seat ``seat`` (0 moves first), ``opponent`` the other."""
+    """One game of ``env_id``: the model plays seat ``seat`` (0 moves first), ``opponent`` the other;
+    ``instruction`` (if any) follows the game's first message to the model."""
 
-    def __init__(self, env_id: str, tokenizer: Any, seed: int, seat: int, opponent: Opponent) -> None:
+    def __init__(self, env_id: str, tokenizer: Any, seed: int, seat: int, opponent: Opponent,
+                 instruction: str = "") -> None:
         if seat not in (0, 1):
             raise ConfigurationError(f"seat={seat!r}: a two-player game has seats 0 (moves first) and 1")
         self.env_id, self.tokenizer, self.seed, self.seat, self.opponent = env_id, tokenizer, seed, seat, opponent
+        self.instruction = instruction
         self.rng = random.Random(seed)  # the opponent's draws
         self.game: Any = None  # as textarena.make returns it: moves go through its action wrappers
         self.raw: Any = None
@@ -145,7 +148,8 @@ class TextArenaEnv(Env):
             self.raw = self.raw.env
         if self._opponent_moves():
             raise RewardError(f"textarena {self.env_id} (game seed {self.seed}) ended before the model's first move")
-        self.messages = [{"role": "user", "content": self._observe()}]
+        first = self._observe()
+        self.messages = [{"role": "user", "content": f"{first}\n\n{self.instruction}" if self.instruction else first}]
         self.observation = list(self.tokenizer.encode(render_messages(self.messages, self.tokenizer),
                                                       add_special_tokens=False))
         return self.observation
@@ -229,23 +233,24 @@ class TextArenaGroupBuilder(EnvGroupBuilder):
     """``group_size`` games of ``env_id`` with the same seed and seat."""
 
     def __init__(self, env_id: str, tokenizer: Any, seed: int, seat: int, opponent: Opponent,
-                 group_size: int) -> None:
+                 group_size: int, instruction: str = "") -> None:
         self.env_id, self.tokenizer, self.seed, self.seat = env_id, tokenizer, seed, seat
-        self.opponent, self.group_size = opponent, group_size
+        self.opponent, self.group_size, self.instruction = opponent, group_size, instruction
 
     def make_envs(self) -> list[Env]:
-        return [TextArenaEnv(self.env_id, self.tokenizer, self.seed, self.seat, self.opponent)
+        return [TextArenaEnv(self.env_id, self.tokenizer, self.seed, self.seat, self.opponent, self.instruction)
                 for _ in range(self.group_size)]
 
 
 class TextArenaDataset(RLDataset):
     """Games of ``env_id`` in batches of ``games_per_batch`` groups of ``group_size``; ``test_games`` held-out games
     (one episode each, another seed stream). ``seat`` 0 or 1 fixes the model's seat; None alternates it game by game.
-    ``tokenizer`` may be left out when the loop supplies it (``bind_tokenizer``)."""
+    ``instruction`` follows the game's first message (e.g. "Reply with only your move."). ``tokenizer`` may be left
+    out when the loop supplies it (``bind_tokenizer``)."""
 
     def __init__(self, env_id: str, tokenizer: Any = None, games_per_batch: int = 4, group_size: int = 4,
                  num_batches: int = 1000, seed: int = 0, seat: int | None = None, opponent: Opponent | None = None,
-                 test_games: int = 16) -> None:
+                 test_games: int = 16, instruction: str = "") -> None:
         if games_per_batch < 1 or group_size < 1 or num_batches < 1 or test_games < 0:
             raise ConfigurationError("games_per_batch, group_size and num_batches must be at least 1, test_games at "
                                      f"least 0 (got {games_per_batch}, {group_size}, {num_batches}, {test_games})")
@@ -254,7 +259,7 @@ class TextArenaDataset(RLDataset):
         self.opponent = resolve_opponent(env_id, opponent)
         self.env_id, self.tokenizer, self.seed, self.seat = env_id, tokenizer, seed, seat
         self.games_per_batch, self.group_size = games_per_batch, group_size
-        self.num_batches, self.test_games = num_batches, test_games
+        self.num_batches, self.test_games, self.instruction = num_batches, test_games, instruction
 
     def __len__(self) -> int:
         return self.num_batches
@@ -278,4 +283,5 @@ class TextArenaDataset(RLDataset):
                                      "loop, which binds its model's")
         game_seed = random.Random(f"{split}:{self.seed}:{index}").randrange(2**31)  # str seeds hash stably
         seat = self.seat if self.seat is not None else index % 2
-        return TextArenaGroupBuilder(self.env_id, self.tokenizer, game_seed, seat, self.opponent, group_size)
+        return TextArenaGroupBuilder(self.env_id, self.tokenizer, game_seed, seat, self.opponent, group_size,
+                                     self.instruction)
