@@ -49,6 +49,7 @@ def test_a_won_game_rewards_1_and_each_turn_shows_the_opponents_move(tokenizer):
     second = tokenizer.decode(results[0].next_observation)
     assert second.startswith(first + "[4]<|im_end|>\n<|im_start|>user\n")  # one growing conversation
     assert "[Player 1] [0]" in second and "placed their symbol (X) in cell 0" in second
+    assert "[Player 0] [4]" not in second  # the model's own move is its turn, not repeated as the game's message
 
 
 def test_a_lost_game_rewards_minus_1_and_a_draw_0(tokenizer):
