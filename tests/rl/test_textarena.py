@@ -105,9 +105,11 @@ def test_the_instruction_follows_the_games_first_message_only(tokenizer):
 
 def test_an_unknown_game_or_one_without_an_opponent_is_a_clear_error():
     with pytest.raises(ConfigurationError, match=r"'TicTacToe-v9' is not a textarena environment \(did you mean "
-                                                 r"TicTacToe-v0.*TicTacToe-v0, .*list_games\(\)"):
+                                                 r"TicTacToe-v0.*built-in opponent: ConnectFour-v0, Nim-v0, "
+                                                 r"TicTacToe-v0 and their variants.*list_games\(\)"):
         TextArenaDataset("TicTacToe-v9")
-    with pytest.raises(ConfigurationError, match=r"'Chess-v0' \(ChessEnv\) has no built-in opponent.*opponent="):
+    with pytest.raises(ConfigurationError, match=r"'Chess-v0' \(ChessEnv\) has no built-in opponent: choose a game "
+                                                 r"with one \(ConnectFour-v0, .*opponent="):
         TextArenaDataset("Chess-v0")
     with pytest.raises(ConfigurationError, match=r"task.env_id='Tictactoe' is not a textarena environment"):
         build_source(resolve_config(recipe="textarena", overrides=["task.env_id=Tictactoe"]))

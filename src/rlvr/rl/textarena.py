@@ -101,6 +101,12 @@ def list_games(with_opponent: bool = False) -> list[str]:
     return sorted(env_id for env_id in _registry() if not with_opponent or _game_class(env_id) in OPPONENTS)
 
 
+def _with_opponent() -> str:
+    """The games with a built-in opponent, for error messages: ``ConnectFour-v0, ... and their variants``."""
+    games = sorted({env_id.split("-v0")[0] + "-v0" for env_id in list_games(with_opponent=True)})
+    return f"{', '.join(games)} and their variants"
+
+
 def resolve_opponent(env_id: str, opponent: Opponent | None = None) -> Opponent:
     """``opponent``, or ``env_id``'s built-in one; a clear ConfigurationError for an unknown id or a game without."""
     if not isinstance(env_id, str) or env_id not in _registry():
@@ -108,16 +114,15 @@ def resolve_opponent(env_id: str, opponent: Opponent | None = None) -> Opponent:
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise ConfigurationError(
             f"task.env_id={env_id!r} is not a textarena environment{hint}. Games with a built-in opponent: "
-            f"{', '.join(sorted({i.split('-')[0] + '-v0' for i in list_games(with_opponent=True)}))} (and their "
-            f"variants); every registered id: {LIST_GAMES}")
+            f"{_with_opponent()}; every registered id: {LIST_GAMES}")
     if opponent is not None:
         return opponent
     game = _game_class(env_id)
     if game not in OPPONENTS:
         raise ConfigurationError(
-            f"task.env_id={env_id!r} ({game}) has no built-in opponent: choose a game with one ("
-            f"{', '.join(sorted(OPPONENTS))}), or pass opponent= to TextArenaDataset (a function of the game state "
-            "and a random.Random returning the opponent's move)")
+            f"task.env_id={env_id!r} ({game}) has no built-in opponent: choose a game with one ({_with_opponent()}), "
+            "or pass opponent= to TextArenaDataset (a function of the game state and a random.Random returning the "
+            "opponent's move)")
     return OPPONENTS[game]
 
 
