@@ -27,7 +27,7 @@ from rlvr import types
 from rlvr.errors import ConfigurationError, RewardError
 from rlvr.rl.advantages import entropy_shaped
 from rlvr.rl.datums import masked_datum
-from rlvr.tasks.base import Problem, ProblemSource
+from rlvr.tasks.base import Problem, ProblemSource, render_messages
 
 
 @dataclass
@@ -118,6 +118,11 @@ class RLDataset(ABC):
         """Held-out groups the loop plays greedily before and after training (and every ``eval_every`` steps);
         none by default."""
         return []
+
+    def bind_tokenizer(self, tokenizer: Any) -> None:
+        """Called by the loop with the trained model's tokenizer before it asks for any batch. A dataset made
+        before the model loads (a recipe's) renders its envs with it; one given its tokenizer already ignores it."""
+        del tokenizer  # by default the dataset was given its tokenizer when made
 
 
 def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max_tokens: int,
@@ -241,6 +246,17 @@ def trajectory_datums(
         advantages += [0.0] * len(new) + [next(per_token) for _ in t.action]
     flush()
     return out
+
+
+def extend_conversation(seen: list[int], messages: list[dict[str, str]], tokenizer: Any) -> list[int]:
+    """The next observation of a growing conversation: ``seen`` (what the model saw and sampled) followed by the rest
+    of ``messages`` rendered through the chat template; re-rendered from text only when the template does not
+    continue those tokens (then ``trajectory_datums`` starts a new datum)."""
+    text = render_messages(messages, tokenizer)
+    seen_text = tokenizer.decode(seen)
+    if text.startswith(seen_text):
+        return seen + list(tokenizer.encode(text[len(seen_text):], add_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 # -- problems as envs -------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
     source = build_source(config)                                    # the MbppSource with its data and reward
 
 A recipe is a dict of settings over ``TrainConfig``'s defaults; :func:`build_source` turns ``config.recipe``,
-``config.task`` (keyword arguments of the source), ``config.data`` and ``config.reward`` into a ``ProblemSource``.
+``config.task`` (keyword arguments of the source), ``config.data`` and ``config.reward`` into a ``ProblemSource``,
+or, for the env recipes (``ENV_RECIPES``: textarena), ``config.task`` into an env dataset (``envs.RLDataset``).
 Adding a recipe means one entry in ``RECIPES`` and, for a new kind of problem, one line in :func:`build_source`.
 
 Not here: the config machinery (dataclasses, YAML, ``key=value`` overrides: ``config.py``), the loop.
@@ -21,7 +22,7 @@ from rlvr.errors import ConfigurationError
 if TYPE_CHECKING:
     from rlvr.rl.config import TrainConfig
 
-__all__ = ["GENERATED", "RECIPES", "build_source"]
+__all__ = ["ENV_RECIPES", "GENERATED", "RECIPES", "build_source"]
 
 RECIPES: dict[str, dict[str, Any]] = {
     # One-digit addition and subtraction on SmolLM2: visible held-out gains in minutes on 2 cores.
@@ -71,8 +72,21 @@ RECIPES: dict[str, dict[str, Any]] = {
         "loss_fn_config": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, "eval_problems": 32,
         "task": {"test_fraction": 0.5},
     },
+    # A textarena two-player game against a random legal-move opponent (rl/textarena.py), the outcome for the
+    # model's seat as the reward (win 1, draw 0, loss -1). problems_per_step = games per step (each group_size
+    # times with one seed), eval_problems = held-out games; task: env_id, seat (0, 1 or null: alternate),
+    # instruction (after the game's first message). SmolLM2 names a valid TicTacToe cell in about a quarter of its
+    # 16-token replies; max_turns 10 covers 5 moves with a retry each.
+    "textarena": {
+        "base_model": "smollm2-135m", "steps": 20, "problems_per_step": 4, "group_size": 8, "max_tokens": 16,
+        "max_turns": 10, "learning_rate": 1e-4, "eval_problems": 16,
+        "task": {"env_id": "TicTacToe-v0", "instruction": "Reply with only your move."},
+    },
 }
 """Recipe name -> the settings it presets (everything else keeps the dataclass default)."""
+
+ENV_RECIPES = ("textarena",)
+"""Recipes that train on an env dataset (``envs.RLDataset``: multi-turn, the envs score themselves)."""
 
 
 GENERATED = ("arithmetic", "rpn")
@@ -84,6 +98,8 @@ def build_source(config: TrainConfig) -> Any:
     from rlvr import tasks
     from rlvr.rewards import resolve_reward
 
+    if config.recipe in ENV_RECIPES:
+        return _env_dataset(config)
     kinds = {"arithmetic": tasks.ArithmeticSource, "rpn": tasks.RpnSource, "gsm8k": tasks.Gsm8kSource,
              "math": tasks.MathSource, "mbpp": tasks.MbppSource, "humaneval": tasks.HumanEvalSource}
     cls = kinds[config.recipe]
@@ -119,3 +135,25 @@ def build_source(config: TrainConfig) -> Any:
         hint = "".join(f" (task.{key}: did you mean task.{close[0]}?)" for key in unknown
                        if (close := difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)))
         raise ConfigurationError(f"task: {exc}{hint}; {cls.__name__} takes {sorted(valid - {'data'})}") from None
+
+
+def _env_dataset(config: TrainConfig) -> Any:
+    """The env dataset of an env recipe; its tokenizer is the loop's model's (bound when the run starts)."""
+    from rlvr.rl.textarena import TextArenaDataset
+
+    for key in ("data", "reward", "reward_config"):
+        if getattr(config, key):
+            raise ConfigurationError(f"{key}={getattr(config, key)!r}: recipe {config.recipe!r} plays games; the "
+                                     "game's outcome is its reward and it reads no data file")
+    if config.warmup.steps:
+        raise ConfigurationError(f"warmup.steps={config.warmup.steps}: recipe {config.recipe!r} has no worked "
+                                 "solutions to warm up on; set warmup.steps=0")
+    task = dict(config.task)
+    unknown = sorted(set(task) - {"env_id", "seat", "instruction"})
+    if unknown:
+        raise ConfigurationError(f"task: {config.recipe} takes env_id, seat and instruction, not {unknown}")
+    if "env_id" not in task:
+        raise ConfigurationError(f"recipe {config.recipe!r} needs task.env_id (e.g. task.env_id=TicTacToe-v0)")
+    return TextArenaDataset(task["env_id"], games_per_batch=config.problems_per_step, group_size=config.group_size,
+                            num_batches=config.steps, seed=config.seed, seat=task.get("seat"),
+                            test_games=config.eval_problems, instruction=task.get("instruction", ""))

@@ -19,7 +19,7 @@ from typing import Any
 
 from rlvr.errors import ConfigurationError
 from rlvr.rewards.code import CodeTests
-from rlvr.rl.envs import Env, EnvGroupBuilder, ProblemDataset, StepResult
+from rlvr.rl.envs import Env, EnvGroupBuilder, ProblemDataset, StepResult, extend_conversation
 from rlvr.tasks.base import Problem, ProblemSource
 
 FEEDBACK_CHARS = 600
@@ -68,17 +68,8 @@ class CodeRefineEnv(Env):
         self.messages = [*self.messages, {"role": "assistant", "content": response},
                          {"role": "user", "content": feedback(result.num_passed, result.num_tests, result.status,
                                                               result.stderr_tail)}]
-        self.observation = self._extend(self.observation + list(action))
+        self.observation = extend_conversation(self.observation + list(action), self.messages, self.tokenizer)
         return StepResult(reward=0.0, done=False, next_observation=self.observation)
-
-    def _extend(self, seen: list[int]) -> list[int]:
-        """The conversation so far as tokens: what the model saw and sampled, then the rest of the rendered
-        conversation; re-rendered from text only when the template does not continue those tokens."""
-        text = self.source.render_messages(self.messages, self.tokenizer)
-        seen_text = self.tokenizer.decode(seen)
-        if text.startswith(seen_text):
-            return seen + list(self.tokenizer.encode(text[len(seen_text):], add_special_tokens=False))
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
 class CodeRefineGroupBuilder(EnvGroupBuilder):

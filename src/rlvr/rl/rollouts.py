@@ -210,6 +210,7 @@ class EnvRollouts(Rollouts):
 
     def __init__(self, dataset: RLDataset, tokenizer: Any, config: LoopConfig) -> None:
         check_env_dataset(config, dataset)
+        dataset.bind_tokenizer(tokenizer)
         self.dataset, self.tokenizer, self.config = dataset, tokenizer, config
         self.test_groups = list(dataset.test_groups())
         self._threads = ThreadPoolExecutor(1, thread_name_prefix="rlvr-env-rollouts")

@@ -26,6 +26,20 @@ logger = logging.getLogger("rlvr.tasks")
 _warned_plain = False
 
 
+def render_messages(messages: list[dict[str, str]], tokenizer: Any) -> str:
+    """A conversation through ``tokenizer``'s chat template, ending where the assistant's next turn begins. A
+    tokenizer without a chat template gets plain ``User:``/``Assistant:`` turns (with a warning, once)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    global _warned_plain
+    if not _warned_plain:
+        _warned_plain = True
+        logger.warning("tokenizer %s has no chat template; rendering prompts as plain 'User:'/'Assistant:' "
+                       "turns", type(tokenizer).__name__)
+    turns = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n\n".join([*turns, "Assistant:"])
+
+
 @dataclass(frozen=True)
 class Problem:
     """One problem: what the model is asked and what a program checks its answer against."""
@@ -183,15 +197,7 @@ class ProblemSource(ABC):
 
     def render_messages(self, messages: list[dict[str, str]], tokenizer: Any) -> str:
         """Any conversation as :meth:`render` renders a problem's (multi-turn envs continue one with it)."""
-        if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        global _warned_plain
-        if not _warned_plain:
-            _warned_plain = True
-            logger.warning("tokenizer %s has no chat template; rendering prompts as plain 'User:'/'Assistant:' "
-                           "turns", type(tokenizer).__name__)
-        turns = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-        return "\n\n".join([*turns, "Assistant:"])
+        return render_messages(messages, tokenizer)
 
     def render_ids(self, problem: Problem, tokenizer: Any) -> list[int]:
         """:meth:`render` as token ids (special tokens in the template are kept, none are added)."""
