@@ -18,7 +18,7 @@ from datasets import Dataset  # noqa: E402  (verifiers brings datasets)
 
 from rlvr import types  # noqa: E402
 from rlvr.engine.tiny import build_tiny_tokenizer  # noqa: E402
-from rlvr.errors import ConfigurationError, SamplingError  # noqa: E402
+from rlvr.errors import ConfigurationError, RewardError, SamplingError  # noqa: E402
 from rlvr.rl.envs import trajectory_datums  # noqa: E402
 from rlvr.rl.loop import LoopConfig, train  # noqa: E402
 from rlvr.rl.verifiers_env import VerifiersDataset, load_verifiers_env  # noqa: E402
@@ -108,6 +108,17 @@ def test_multi_turn_env_plays_its_turns_and_trains_only_sampled_tokens(tokenizer
             assert tokenizer.decode(after.observation).endswith("Again.<|im_end|>\n<|im_start|>assistant\n")
         pairs = trajectory_datums(trajectory, advantage=1.0)
         assert sum(sum(mask) for _, mask in pairs) == sum(len(t.action) for t in turns)  # only sampled tokens
+
+
+def test_an_env_that_breaks_stops_the_step_naming_it(tokenizer, sampler):
+    class Broken(vf.MultiTurnEnv):
+        async def env_response(self, messages, state, **kwargs):
+            raise KeyError("board")
+
+    env = Broken(dataset=Dataset.from_list(ROWS), rubric=vf.Rubric(funcs=[turns_seen]), max_turns=2)
+    dataset = VerifiersDataset(env, tokenizer, groups_per_batch=1, group_size=1)
+    with pytest.raises(RewardError, match=r"Broken on row \d+: its rollout raised KeyError: 'board'"):
+        dataset.rollout(sampler, dataset.get_batch(0), PARAMS, max_turns=2, seed=0, timing={})
 
 
 # -- the loop ---------------------------------------------------------------------------------------------------------

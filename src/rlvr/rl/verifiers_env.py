@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlvr import types
-from rlvr.errors import ConfigurationError, SamplingError
+from rlvr.errors import ConfigurationError, RewardError, SamplingError
 from rlvr.rl.envs import Env, EnvGroupBuilder, RLDataset, StepResult, Trajectory, TrajectoryGroup, Transition
 
 __all__ = ["VerifiersDataset", "VerifiersGroup", "import_verifiers", "load_verifiers_env"]
@@ -252,13 +252,20 @@ class VerifiersDataset(RLDataset):
             base["extra_body"] = {"top_k": params.top_k}
 
         async def group(builder: VerifiersGroup) -> tuple[list[Any], float]:
-            states = await asyncio.gather(*(  # each rollout its own seed: a group's rollouts differ
-                self.env.rollout(copy.deepcopy(builder.row), client, model, {**base, "seed": s})
-                for s in [rng.randrange(2**31) for _ in range(builder.group_size)]))
+            seeds = [rng.randrange(2**31) for _ in range(builder.group_size)]  # a group's rollouts differ
+            name = f"{type(self.env).__name__} on row {builder.row.get('example_id', '?')}"
+            try:
+                states = await asyncio.gather(*(
+                    self.env.rollout(copy.deepcopy(builder.row), client, model, {**base, "seed": s}) for s in seeds))
+            except Exception as exc:  # verifiers keeps its own errors in the state; anything else is the env's bug
+                raise RewardError(f"{name}: its rollout raised {type(exc).__name__}: {exc}") from exc
             started = time.perf_counter()
-            await self.env.rubric.score_group(states)
-            for state in states:
-                await self.env.rubric.cleanup(state)
+            try:
+                await self.env.rubric.score_group(states)
+                for state in states:
+                    await self.env.rubric.cleanup(state)
+            except Exception as exc:
+                raise RewardError(f"{name}: its rubric raised {type(exc).__name__}: {exc}") from exc
             return states, time.perf_counter() - started
 
         try:
