@@ -188,3 +188,16 @@ def test_draw_follows_the_weights_and_never_picks_a_zero(vocab):
     freq = torch.bincount(drawn, minlength=vocab).float() / len(drawn)
     assert freq[weights == 0].sum() == 0
     torch.testing.assert_close(freq, weights / weights.sum(), atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 0, 1, 0, 1], [2, 0, 1, 0, 2, 2]])
+def test_rows_of_interleaved_prompts_decode_their_own_prompt(host, rows):
+    # Requests queued one by one (an OpenAI endpoint's, say) put rows of one prompt apart: the decoder lays them out
+    # by prompt, and each row must still get the logits of its own sequence, all slots full or not.
+    prompts = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
+    rows = torch.tensor(rows)
+    with host.active("tuned") as model:
+        decoder = LlamaDecoder.build(model)
+        cache, mask, _ = prefill(model, prompts[: int(rows.max()) + 1], pad_id=0)
+        decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
+        decode_against_the_model(model, decoder, prompts, rows, {1: [0, 1, 3, 4, 5], 3: [1, 2]}, seed=2)

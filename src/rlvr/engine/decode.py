@@ -336,8 +336,11 @@ class LlamaDecoder:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed one token per live row (``tokens``, ``positions``: (R,)); returns next-token logits (R, V) float32."""
         slots_total = self.keys[0].shape[0]
-        full = len(self.slots) == slots_total
-        if not full:  # finished rows keep their slots until compaction: feed them anything, ignore their outputs
+        # Row r sits in slot r only when every slot is live and the rows came sorted by prompt; otherwise (finished
+        # rows keep their slots until compaction, and rows of one prompt queued apart are laid out side by side)
+        # tokens go to their rows' slots, idle slots are fed anything and their outputs ignored.
+        full = len(self.slots) == slots_total and bool((self.slots == torch.arange(slots_total)).all())
+        if not full:
             tokens = tokens.new_zeros(slots_total).index_copy_(0, self.slots, tokens)
             positions = positions.new_zeros(slots_total).index_copy_(0, self.slots, positions)
         x = self.model.embed_tokens(tokens)  # (S, hidden)

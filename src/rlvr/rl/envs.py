@@ -73,6 +73,9 @@ class Trajectory:
 
     transitions: list[Transition]
     finished: bool = True
+    failure: str | None = None
+    """Why its reward could not be computed (an env library's scorer raised or hung): its reward is then NaN, and
+    its group is counted as failed and not trained on, never scored 0."""
 
     @property
     def reward(self) -> float:
@@ -123,6 +126,12 @@ class RLDataset(ABC):
         """Called by the loop with the trained model's tokenizer before it asks for any batch. A dataset made
         before the model loads (a recipe's) renders its envs with it; one given its tokenizer already ignores it."""
         del tokenizer  # by default the dataset was given its tokenizer when made
+
+    def rollout(self, sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
+                max_turns: int, seed: int | None, timing: dict[str, float]) -> list[TrajectoryGroup]:
+        """Play a batch's groups; by default turn by turn with ``rollout_groups``. A dataset whose envs drive their
+        own conversation (an outside library's, such as ``verifiers``) overrides this to play them its way."""
+        return rollout_groups(sampling_client, builders, params, max_turns=max_turns, seed=seed, timing=timing)
 
 
 def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max_tokens: int,

@@ -32,7 +32,7 @@ from rlvr.errors import ConfigurationError
 from rlvr.rewards import RewardItem, RewardRunner
 from rlvr.rewards.runner import BatchScores
 from rlvr.rl.config import LoopConfig
-from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, rollout_groups, sample_together
+from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, sample_together
 from rlvr.tasks.base import Problem, ProblemSource, select
 
 __all__ = ["EnvRollouts", "ProblemRollouts", "Rollout", "Rollouts", "check_env_dataset", "curriculum_problems",
@@ -226,28 +226,33 @@ class EnvRollouts(Rollouts):
         """Every env of the step's groups played to the end (or ``max_turns``); rewards are the envs' own."""
         timing: dict[str, float] = {}
         max_turns = self.config.max_turns
-        groups = rollout_groups(sampler, builders, params, max_turns=max_turns, seed=params.seed, timing=timing)
+        groups = self.dataset.rollout(sampler, builders, params, max_turns, params.seed, timing)
         trajectories = [g.trajectories for g in groups]
         rewards: list[list[float | None]] = [list(g.total_rewards()) for g in groups]
         flat = [r for rewards_G in rewards for r in rewards_G]
+        scored = [r for r in flat if r is not None and not math.isnan(r)]  # NaN: the env's scorer failed
         turns = [t for group in trajectories for trajectory in group for t in trajectory.transitions]
         sampled = sum(len(t.action) for t in turns)
-        metrics = {"env/all/reward/mean": sum(flat) / len(flat),
-                   "env/all/correct": sum(r >= 1.0 for r in flat) / len(flat),
-                   "env/all/turns": len(turns) / len(flat), "env/all/ac_tokens_per_turn": sampled / len(turns),
+        metrics = {"env/all/reward/mean": sum(scored) / len(scored) if scored else math.nan,
+                   "env/all/reward/scored:sum": float(len(scored)),
+                   "env/all/reward/errors:sum": float(len(flat) - len(scored)),
+                   "env/all/correct": sum(r >= 1.0 for r in scored) / len(flat),
+                   "env/all/turns": len(turns) / len(flat), "env/all/ac_tokens_per_turn": sampled / max(len(turns), 1),
                    "env/all/unfinished": sum(not t.finished for g in trajectories for t in g) / len(flat)}
         for key in sorted({k for t in turns for k in t.metrics}):  # the envs' own numbers, averaged over turns
             values = [t.metrics[key] for t in turns if key in t.metrics]
             metrics[f"env/all/{key}"] = sum(values) / len(values)
         records = [{"problem_id": f"{type(builder).__name__}[{b}]", "response": self._conversation(t),
                     "prompt": self.tokenizer.decode(t.transitions[0].observation), "reward": r, "parts": {},
-                    "failure": None if t.finished else f"cut at max_turns={max_turns}"}
+                    "failure": t.failure or (None if t.finished else f"cut at max_turns={max_turns}")}
                    for b, (builder, group, rewards_G) in enumerate(zip(builders, groups, rewards, strict=True))
                    for t, r in zip(group.trajectories, rewards_G, strict=True)]
         return Rollout(trajectories, rewards, records, sampled, timing["env"], metrics=metrics)
 
     def _conversation(self, trajectory: Trajectory) -> str:
         """What followed the first observation: the actions and the env's replies, as text."""
+        if not trajectory.transitions:
+            return ""
         first, last = trajectory.transitions[0], trajectory.transitions[-1]
         full = last.observation + last.action
         if full[:len(first.observation)] == first.observation:
