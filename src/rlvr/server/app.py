@@ -171,7 +171,8 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     async def finish(session_id: str, request: Request) -> Response:
         raw = await request.body()
         body = wire.parse_json(_FinishBody, raw) if raw else _FinishBody()
-        state.finish_session(session_id, owner(request), str((body.reason or {}).get("type", "finished")))
+        state.finish_session(session_id, owner(request), str((body.reason or {}).get("type", "finished")),
+                             body.detail)
         return JSONResponse(None)
 
     # -- training ---------------------------------------------------------------------------------------------------

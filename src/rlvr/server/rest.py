@@ -206,7 +206,7 @@ def _status(session: Session) -> Any:
     if session.finished is None:
         return types.SessionActive()
     reason = session.finished if session.finished in ("success", "errored", "interrupted") else "success"
-    return types.ClientSessionFinished(reason={"type": reason}, detail=session.finished)
+    return types.ClientSessionFinished(reason={"type": reason}, detail=session.finished_detail)
 
 
 def _matches(session: Session, req: types.SessionSearchRequest) -> bool:

@@ -242,6 +242,8 @@ class Session:
     created_at: float = field(default_factory=time.time)
     last_heartbeat: float = field(default_factory=time.time)
     finished: str | None = None
+    finished_detail: str | None = None
+    """What the client said when it closed the session (``ServiceClient.close(status, detail)``)."""
     model_ids: list[str] = field(default_factory=list)
     """Every model created in this session, in order (kept after the session finishes, for get_session)."""
     sampler_ids: list[str] = field(default_factory=list)
@@ -305,11 +307,11 @@ class ServerState:
             raise Gone(f"session {session_id!r} has finished ({session.finished}); start a new ServiceClient")
         return session
 
-    def finish_session(self, session_id: str, owner: str, reason: str) -> None:
+    def finish_session(self, session_id: str, owner: str, reason: str, detail: str | None = None) -> None:
         session = self.session(session_id, owner, live=False)
         with self._lock:
-            if session.finished is None:
-                session.finished = reason
+            if session.finished is None:  # first reason wins, as Tinker's
+                session.finished, session.finished_detail = reason, detail
             for key in [k for k, m in self.models.items() if m.session_id == session_id]:
                 del self.models[key]
             for key in [k for k, s in self.samplers.items() if s.session_id == session_id]:

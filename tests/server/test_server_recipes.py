@@ -1,0 +1,244 @@
+"""tinker-cookbook's recipes, unchanged, run against ``rlvr serve`` on ``tiny`` (their ``main`` and config functions
+called with short options; nothing in them edited).
+
+What the recipes need from their surroundings, and what this file gives them:
+
+* a tokenizer and a renderer for ``tiny``: the cookbook looks tokenizers up by model name (registered here, as
+  ``test_server_cookbook.py`` does) and picks a renderer from its registry of hub models (``model_info``), which does
+  not list ``tiny``; ``role_colon``, the renderer for base models, is answered for ``tiny`` and every other name is
+  left to the cookbook;
+* data sets: ``rl_loop`` and ``sl_loop`` call ``datasets.load_dataset("openai/gsm8k")`` /
+  ``("HuggingFaceH4/no_robots")`` with no option to read a file, so ``datasets.load_dataset`` answers those two names
+  from local rows (GSM8K-format problems written here; the cookbook's own ``example_data/conversations.jsonl``) and
+  passes every other name to the real function; ``sl_basic`` takes the same file through its own
+  ``FromConversationFileBuilder``;
+* no price list from the web (``fetch_model_pricing``), and the root logger's handlers back after each run.
+
+What each test shows: the supervised recipes' train NLL falls. The RL recipes (``rl_loop`` and ``rl_basic`` on
+GSM8K-format rows, ``math_rl``'s arithmetic synchronously and with ``async_config``) run end to end with their
+default losses, log every step, and the sampler and trainer agree on every sampled token (``kl_sample_train``);
+their rewards stay flat: GSM8K's 0/1 reward needs a ``\\boxed{...}`` answer that a random 330k-parameter model
+never writes, and it cannot add, so that these recipes raise a reward is not shown here (the losses are checked
+number for number in ``test_server_sdk.py``, and the cookbook's ``rl.train`` raises a shaped reward in
+``test_server_cookbook.py``). ``rl_numerics_check`` needs SmolLM2 (``slow``) and is an open ``xfail``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("tinker_cookbook", reason="needs tinker-cookbook: pip install --no-deps tinker-cookbook==0.6.1 "
+                    "&& pip install chz==0.4.0 blobfile==3.3.0")
+
+import datasets
+import numpy as np
+from tinker import types
+from tinker_cookbook import model_info, tokenizer_utils
+
+from rlvr.engine.tiny import build_tiny_tokenizer
+
+RENDERER = "role_colon"
+CONVERSATIONS = Path(tokenizer_utils.__file__).parent / "example_data" / "conversations.jsonl"
+SL_STEPS = 6
+MIN_NLL_DROP = 0.3  # nats per token, first two steps against the last two
+RL_STEPS = 3
+TOOL_RENDERER = "qwen3_instruct"
+MAX_KL = 1e-3  # sampler against trainer logprobs of the same tokens under the same weights (float32 on tiny: ~1e-7)
+ANSWER = 3  # every local GSM8K problem's answer
+SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."  # rl_loop's question suffix
+FEWSHOT = [  # rl_loop's few-shot prefix, so that the warm start sees the prompts the recipe renders
+    {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
+    {"role": "assistant", "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
+     "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}"},
+]
+
+
+def _gsm8k_rows(n: int) -> list[dict[str, str]]:
+    """GSM8K-format rows (``question``, ``answer`` ending in ``#### n``) whose answer is always ``ANSWER``."""
+    return [{"question": f"Tom has {i} apples and gives away {i - ANSWER}. How many are left?",
+             "answer": f"{i} - {i - ANSWER} = {ANSWER}\n#### {ANSWER}"} for i in range(ANSWER + 1, ANSWER + 1 + n)]
+
+
+@pytest.fixture
+def recipes(server, monkeypatch, tmp_path):
+    """The surroundings a cookbook recipe needs (see the module docstring), set for one test and undone after it."""
+    monkeypatch.setenv("TINKER_API_KEY", server.api_key)
+    tokenizer_utils.register_tokenizer("tiny", build_tiny_tokenizer)
+    recommended = model_info.get_recommended_renderer_name
+    monkeypatch.setattr(model_info, "get_recommended_renderer_name",
+                        lambda name: RENDERER if name == "tiny" else recommended(name))
+    files = {"openai/gsm8k": _gsm8k_rows(64),
+             "HuggingFaceH4/no_robots": [json.loads(line) for line in CONVERSATIONS.read_text().splitlines()],
+             "Salesforce/wikitext": [{"text": f" The {word} of page {i} is the {word} of the book . "}
+                                     for i in range(400) for word in ("time", "city", "world")]}
+    load_dataset = datasets.load_dataset
+
+    def local_load_dataset(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path in files and kwargs.get("split"):
+            return datasets.Dataset.from_list(files[path])
+        if path in files:
+            return datasets.DatasetDict({"train": datasets.Dataset.from_list(files[path]),
+                                         "test": datasets.Dataset.from_list(files[path][:8])})
+        return load_dataset(path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", local_load_dataset)
+    from tinker_cookbook.rl import train as rl_train
+    from tinker_cookbook.supervised import train as sl_train
+    for module in (rl_train, sl_train):  # they download a price list for their cost metrics
+        monkeypatch.setattr(module, "fetch_model_pricing", lambda *args, **kwargs: None)
+    root = logging.getLogger()  # the recipes replace the root logger's handlers: put pytest's back after
+    handlers, level = root.handlers[:], root.level
+    yield server
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    tokenizer_utils.unregister_tokenizer("tiny")
+
+
+def _metric(log_path: Path, key: str) -> list[float]:
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    return [row[key] for row in sorted(rows, key=lambda r: r["step"]) if key in row]
+
+
+def _rise(values: list[float], window: int = 2) -> float:
+    return float(np.mean(values[-window:]) - np.mean(values[:window]))
+
+
+def test_sl_loop_train_nll_falls(recipes, tmp_path):
+    """``recipes/sl_loop.py``: supervised steps on the cookbook's example conversations; the train NLL falls."""
+    from tinker_cookbook.recipes import sl_loop
+
+    log_path = tmp_path / "sl_loop"
+    sl_loop.main(sl_loop.Config(base_url=recipes.base_url, log_path=str(log_path), model_name="tiny", batch_size=4,
+                                learning_rate=5e-3, max_length=256, save_every=0, max_steps=SL_STEPS,
+                                ttl_seconds=None))
+    nll = _metric(log_path, "train_mean_nll")
+    assert len(nll) == SL_STEPS and _rise(nll) < -MIN_NLL_DROP, f"sl_loop's train NLL did not fall: {nll}"
+
+
+def test_sl_basic_on_a_local_conversation_file_train_nll_falls(recipes, tmp_path):
+    """``recipes/sl_basic.py``: its blueprint with the dataset swapped for a local file through the recipe's own
+    ``FromConversationFileBuilder``; the train NLL falls."""
+    from tinker_cookbook.recipes import sl_basic
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    log_path = tmp_path / "sl_basic"
+    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer="tiny", renderer_name=RENDERER, max_length=256,
+                                            batch_size=4)
+    config = sl_basic.build_config_blueprint("tiny").apply({
+        "dataset_builder": FromConversationFileBuilder(common_config=common, file_path=str(CONVERSATIONS)),
+        "log_path": str(log_path), "base_url": recipes.base_url, "learning_rate": 2e-2, "lora_rank": 8,
+        "max_steps": SL_STEPS, "eval_every": 0, "save_every": 0}).make()
+    sl_basic.main(config)
+    nll = _metric(log_path, "train_mean_nll")
+    assert len(nll) == SL_STEPS and _rise(nll) < -MIN_NLL_DROP, f"sl_basic's train NLL did not fall: {nll}"
+
+
+def test_rl_loop_runs_end_to_end_with_its_default_loss(recipes, tmp_path):
+    """``recipes/rl_loop.py`` with its default loss (stable_reinforce) on local GSM8K-format problems: every step
+    samples and logs, and the final state and sampler checkpoints are written and load back through the server."""
+    import tinker
+    from tinker_cookbook.recipes import rl_loop
+
+    log_path = tmp_path / "rl_loop"
+    config = rl_loop.Config(base_url=recipes.base_url, log_path=str(log_path), model_name="tiny", batch_size=2,
+                            group_size=4, learning_rate=1e-2, max_tokens=8, save_every=0, max_steps=2,
+                            ttl_seconds=None)
+    assert config.loss_fn == "stable_reinforce"  # the recipe's default, kept
+    rl_loop.main(config)
+    assert _metric(log_path, "reward/total") == [0.0, 0.0]  # no \\boxed{} answers: see the module docstring
+    final = json.loads((log_path / "checkpoints.jsonl").read_text().splitlines()[-1])
+    assert final["name"] == "final" and final["state_path"].startswith("tinker://"), final
+    service = tinker.ServiceClient(base_url=recipes.base_url, api_key=recipes.api_key)
+    sampler = service.create_sampling_client(model_path=final["sampler_path"]).result()
+    assert sampler.sample(types.ModelInput.from_ints([72, 105]), 1, types.SamplingParams(max_tokens=2)).result()
+
+
+def test_rl_basic_runs_end_to_end(recipes, tmp_path):
+    """``recipes/rl_basic.py``: its blueprint for ``tiny``, with its own ``Gsm8kDatasetBuilder`` made small (the
+    local GSM8K rows answer its hub name); every step logs, the sampler and trainer agree on the sampled tokens, and
+    the final checkpoint is recorded. Its reward, like rl_loop's, stays flat on a random model."""
+    from tinker_cookbook.recipes import rl_basic
+    from tinker_cookbook.recipes.math_rl.math_env import Gsm8kDatasetBuilder
+
+    log_path = tmp_path / "rl_basic"
+    config = rl_basic.build_config_blueprint("tiny").apply({
+        "dataset_builder": Gsm8kDatasetBuilder(batch_size=2, group_size=4, renderer_name=RENDERER,
+                                               model_name_for_tokenizer="tiny"),
+        "log_path": str(log_path), "base_url": recipes.base_url, "max_tokens": 8, "lora_rank": 8,
+        "learning_rate": 1e-2, "max_steps": RL_STEPS, "save_every": 0}).make()
+    rl_basic.main(config)
+    assert len(_metric(log_path, "env/all/reward/total")) == RL_STEPS
+    kl = _metric(log_path, "optim/kl_sample_train_v1")
+    assert kl and max(abs(k) for k in kl) < MAX_KL, f"sampler and trainer disagree: kl_sample_train_v1 {kl}"
+    final = json.loads((log_path / "checkpoints.jsonl").read_text().splitlines()[-1])
+    assert final["name"] == "final" and final["state_path"].startswith("tinker://"), final
+
+
+@pytest.mark.parametrize("off_policy", [None, 1], ids=["sync", "async_config"])
+def test_math_rl_arithmetic_runs_sync_and_async(recipes, tmp_path, off_policy):
+    """``recipes/math_rl/train.py`` on its arithmetic environment, synchronous and with ``async_config``
+    (``max_steps_off_policy=1``): every step logs the environment's reward, correctness and sampler/trainer KL,
+    and synchronously the sampler and trainer agree on the sampled tokens' logprobs (``kl_sample_train_v1`` ~ 0)."""
+    import asyncio
+
+    from tinker_cookbook.recipes.math_rl import train as math_rl
+
+    log_path = tmp_path / "math_rl"
+    asyncio.run(math_rl.cli_main(math_rl.CLIConfig(
+        model_name="tiny", renderer_name=RENDERER, env="arithmetic", group_size=4, groups_per_batch=4,
+        learning_rate=1e-2, max_tokens=5, lora_rank=8, eval_every=0, save_every=0, max_steps=RL_STEPS,
+        max_steps_off_policy=off_policy, base_url=recipes.base_url, log_path=str(log_path),
+        behavior_if_log_dir_exists="delete")))
+    assert len(_metric(log_path, "env/all/reward/total")) == RL_STEPS
+    assert len(_metric(log_path, "env/all/correct")) == RL_STEPS
+    kl = _metric(log_path, "optim/kl_sample_train_v1")
+    assert len(kl) == RL_STEPS, kl
+    # Synchronous: sampled with the weights it trains, so the two agree. With async_config, a batch may have been
+    # sampled a step before the weights it trains (off policy), and the difference is the policy's own change.
+    if off_policy is None:
+        assert max(abs(k) for k in kl) < MAX_KL, f"sampler and trainer disagree: kl_sample_train_v1 {kl}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="open: in the runs made (2 of 2 failed), kl_sample_train_v1 was 0.63 at step 0 and ~1e-5 at "
+                   "steps 1-2; not yet known whether rlvr's sampler or the multi-turn datums differ", strict=False)
+def test_rl_numerics_check_sampler_and_trainer_agree(recipes, service, tmp_path):
+    """``recipes/rl_numerics_check``: its counting environment (a read_page tool over pages of text) on local text
+    in place of WikiText-103, on SmolLM2-135M (its tool-use system prompt alone is ~1,500 of tiny's byte tokens,
+    past tiny's 1,024-token context), rendered with ``qwen3_instruct`` (SmolLM2 speaks ChatML; role_colon has no
+    tool calls); the check it exists for passes: ``optim/kl_sample_train_v1`` and ``_v2`` stay ~0 at every step."""
+    import asyncio
+
+    from tinker_cookbook.recipes.rl_numerics_check import env as numerics_env
+    from tinker_cookbook.recipes.rl_numerics_check import train as numerics
+
+    from rlvr.engine.models import SMOLLM2
+
+    tokenizer = service.create_sampling_client(base_model=SMOLLM2).get_tokenizer()
+    tokenizer_utils.register_tokenizer(SMOLLM2, lambda: tokenizer)
+    numerics_env.load_wikitext_corpus.cache_clear()
+    log_path = tmp_path / "numerics"
+    config = numerics.build_config(numerics.CLIConfig(
+        model_name=SMOLLM2, renderer_name=TOOL_RENDERER, lora_rank=8, learning_rate=1e-4, group_size=4,
+        groups_per_batch=2, max_tokens=24, max_trajectory_tokens=1500, max_steps=RL_STEPS, save_every=0,
+        base_url=recipes.base_url, log_path=str(log_path),
+        task=numerics_env.CountingTaskConfig(num_pages_min=1, num_pages_max=2, page_chars=200)))
+    try:
+        asyncio.run(numerics.train.main(config))
+    finally:
+        tokenizer_utils.unregister_tokenizer(SMOLLM2)
+    for key in ("optim/kl_sample_train_v1", "optim/kl_sample_train_v2"):
+        kl = _metric(log_path, key)
+        assert len(kl) == RL_STEPS and max(abs(k) for k in kl) < MAX_KL, f"{key}: {kl}"
