@@ -108,9 +108,10 @@ class ReasoningGymSource(ProblemSource):
             if entry["question"] in held_out:
                 continue
             source = entry.get("metadata", {}).get("source_dataset", self.dataset_name)
+            answer = None if entry.get("answer") is None else str(entry["answer"])  # None: a scorer without oracle
             out.append(Problem(id=f"{self.name}/{self.dataset_name}/{split}/{index}", question=entry["question"],
-                               answer=str(entry["answer"]), meta={"rg_dataset": self.specs[split], "rg_entry": entry,
-                                                                  "rg_source": source}))
+                               answer=answer, meta={"rg_dataset": self.specs[split], "rg_entry": entry,
+                                                    "rg_source": source}))
         if len(out) < self.sizes[split]:
             logger.info("%s: %d of %d train problems dropped: their questions are also test questions", self.name,
                         self.sizes[split] - len(out), self.sizes[split])
