@@ -83,3 +83,23 @@ def test_sft_rejects_bad_records(tmp_path):
     result = runner.invoke(app, ["sft", f"data={pairs}", "base_model=tiny"])
     assert result.exit_code != 0
     assert "record 0 needs string fields 'prompt' and 'completion'" in str(result.exception or result.output)
+
+
+def test_reasoning_gym_from_the_command_line(tmp_path):
+    """`rlvr train --recipe reasoning-gym task.name=... task.config={...}` and `rlvr eval` on it; a dataset name
+    reasoning-gym lacks is an error naming the nearest ones, before any model loads."""
+    import pytest
+
+    pytest.importorskip("reasoning_gym")
+    bad = runner.invoke(app, ["train", "--recipe", "reasoning-gym", "task.name=leg_countin"])
+    assert bad.exit_code == 2 and "no dataset 'leg_countin' (did you mean 'leg_counting'" in bad.output
+    bad = runner.invoke(app, ["train", "--recipe", "reasoning-gym", "task.name=gcd", "task.config={max_animals: 2}"])
+    assert bad.exit_code == 2 and "its config keys are" in bad.output
+    run = tmp_path / "rg"
+    invoke("train", "--recipe", "reasoning-gym", "base_model=tiny", "steps=1", "problems_per_step=2", "group_size=2",
+           "max_tokens=4", "eval_problems=3", f"out={run}", "task.name=gcd", "task.config={max_value: 9}",
+           "task.num_train=10", "task.num_test=3")
+    out = invoke("eval", "--checkpoint", str(run), "--problems", "3")
+    assert "pass@1" in out and "reward_failures      0" in out
+    records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [r["problem_id"] for r in records] == [f"reasoning-gym/gcd/test/{i}" for i in range(3)]

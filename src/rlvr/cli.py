@@ -43,7 +43,8 @@ def _config(recipe: str | None, config: str | None, data: str | None, overrides:
 @app.command(epilog=_options_epilog())
 def train(
     overrides: Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)] = None,
-    recipe: str = typer.Option(None, help="arithmetic (default), rpn, gsm8k, math, mbpp, humaneval or textarena."),
+    recipe: str = typer.Option(None, help="arithmetic (default), rpn, gsm8k, math, mbpp, humaneval, textarena or "
+                                          "reasoning-gym."),
     config: str = typer.Option(None, "--config", "-c", help="YAML config file (overrides apply on top)."),
     data: str = typer.Option(None, help="Local problem file for the recipe (JSONL/JSON/Parquet)."),
 ) -> None:

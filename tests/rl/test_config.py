@@ -42,6 +42,25 @@ def test_overrides_parse_yaml_values_and_nest():
     assert config.warmup.steps == 3 and config.learning_rate == 1e-3
 
 
+def test_a_task_config_override_is_a_yaml_mapping_and_belongs_to_its_dataset():
+    """``task.config={...}`` parses as a mapping; the reasoning-gym recipe's preset config is for its preset dataset,
+    so naming another dataset drops it, while naming none merges key by key as any nested setting does."""
+    preset = RECIPES["reasoning-gym"]["task"]
+    assert parse_overrides(["task.config={min_animals: 1, max_animals: 2}"]) == {
+        "task": {"config": {"min_animals": 1, "max_animals": 2}}}
+    config = resolve_config(recipe="reasoning-gym", overrides=["task.name=leg_counting",
+                                                               "task.config={min_animals: 1, max_animals: 2}"])
+    assert config.task["name"] == "leg_counting" and config.task["config"] == {"min_animals": 1, "max_animals": 2}
+    assert config.task["num_test"] == preset["num_test"]              # the other presets stay
+    assert "config" not in resolve_config(recipe="reasoning-gym", overrides=["task.name=gcd"]).task
+    config = resolve_config(recipe="reasoning-gym", overrides=["task.config.max_terms=3"])
+    assert config.task["config"] == {**preset["config"], "max_terms": 3}
+    config = resolve_config(recipe="reasoning-gym", overrides=[
+        "task.name=composite", "task.config={datasets: [{name: gcd, weight: 2}, {name: lcm, config: {max_value: 9}}]}"])
+    assert config.task["config"] == {"datasets": [{"name": "gcd", "weight": 2},
+                                                  {"name": "lcm", "config": {"max_value": 9}}]}
+
+
 @pytest.mark.parametrize(("overrides", "named"), [
     (["stpes=3"], "'stpes' (did you mean 'steps'?)"),
     (["distributed.bakend=ray"], "'distributed.bakend' (did you mean 'distributed.backend'?)"),

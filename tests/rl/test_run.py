@@ -67,6 +67,25 @@ def test_humaneval_recipe_holds_out_part_of_the_package_data():
     assert not {p.id for p in train} & {p.id for p in test}
 
 
+def test_reasoning_gym_recipe_builds_its_source_and_trains_two_steps_on_tiny(tmp_path):
+    """The recipe end to end on the tiny model: problems from reasoning-gym, scored by its score_answer in the
+    reward workers, with no reward failures."""
+    pytest.importorskip("reasoning_gym")
+    from rich.console import Console
+
+    source = build_source(resolve_config(recipe="reasoning-gym"))
+    assert type(source).__name__ == "ReasoningGymSource" and source.problems("train") and source.problems("test")
+    run = tmp_path / "rg"
+    result = rlvr.train({"recipe": "reasoning-gym", "base_model": "tiny", "steps": 2, "problems_per_step": 2,
+                         "group_size": 2, "max_tokens": 4, "eval_problems": 4, "out": str(run),
+                         "task": {"name": "leg_counting", "num_train": 20, "num_test": 4}}, console=Console(quiet=True))
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [0, 1]
+    assert all(row["env/all/reward/errors:sum"] == 0 and row["env/all/reward/timeouts:sum"] == 0 for row in rows)
+    assert result["summary"]["after"]["test/correct"] >= 0.0
+    assert yaml.safe_load((run / "config.yaml").read_text())["task"]["name"] == "leg_counting"
+
+
 def test_python_api_with_warm_up(tmp_path):
     """rpn on tiny: the supervised warm-up lowers its loss, then RL starts from the warmed-up weights."""
     run = tmp_path / "rpn"

@@ -13,10 +13,10 @@
     scores.scores, scores.metrics()          # [1.0, None, ...], {"reward/errors:sum": 1.0, ...}
 
 Built-in names: ``keyword_contains``, ``length_penalty``, ``format_compliance``, ``boxed_answer``, ``math_correct``,
-``code_tests``, ``rpn_format``, ``rpn_correct``, ``rpn_combined``, ``combine``, ``format_correct``
-(:func:`list_rewards`). A reward is a callable ``(prompt, response, meta=None) -> float`` that returns a finite
-number or raises; a direct call runs unbounded in the caller, :func:`score_batch` and :class:`RewardRunner` run each
-call in a killable worker with a timeout and count failures instead of scoring them 0.
+``code_tests``, ``rpn_format``, ``rpn_correct``, ``rpn_combined``, ``reasoning_gym`` (needs the extra),
+``combine``, ``format_correct`` (:func:`list_rewards`). A reward is a callable ``(prompt, response, meta=None) ->
+float`` that returns a finite number or raises; a direct call runs unbounded in the caller, :func:`score_batch` and
+:class:`RewardRunner` run each call in a killable worker with a timeout and count failures instead of scoring them 0.
 """
 
 from rlvr.errors import RewardError, RewardTimeoutError, UnknownRewardError
@@ -33,6 +33,7 @@ from rlvr.rewards.builtin import (
 )
 from rlvr.rewards.code import CodeTests, default_sandbox, extract_code
 from rlvr.rewards.math import BoxedAnswer, MathCorrect, answers_match, extract_answer, find_boxed, normalize_answer
+from rlvr.rewards.reasoning_gym import ReasoningGymScore
 from rlvr.rewards.registry import (
     CompositeReward,
     FunctionReward,
@@ -56,6 +57,7 @@ __all__ = [
     "KeywordContains",
     "LengthPenalty",
     "MathCorrect",
+    "ReasoningGymScore",
     "Reward",
     "RewardError",
     "RewardFailure",

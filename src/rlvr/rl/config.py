@@ -31,7 +31,7 @@ import yaml
 from rlvr.errors import ConfigurationError
 from rlvr.fileio import write_atomic
 from rlvr.precision import PRECISIONS
-from rlvr.rl.recipes import RECIPES
+from rlvr.rl.recipes import RECIPES, recipe_presets
 
 
 @dataclass
@@ -196,7 +196,7 @@ class TrainConfig(LoopConfig):
     """Everything ``rlvr train`` needs: the loop's settings plus the task, its data and its reward."""
 
     recipe: str = "arithmetic"
-    """Preset to start from: arithmetic, rpn, gsm8k, math, mbpp, humaneval."""
+    """Preset to start from: arithmetic, rpn, gsm8k, math, mbpp, humaneval, reasoning-gym."""
     task: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the recipe's problem source (levels, num_train, instruction, few_shot, ...)."""
     data: str | dict[str, str] | None = None
@@ -237,7 +237,7 @@ def resolve_config(recipe: str | None = None, config_file: str | Path | None = N
     if name not in RECIPES:
         raise ConfigurationError(f"recipe={name!r}: choose one of {sorted(RECIPES)}{_nearest(name, RECIPES)}")
     merged: dict[str, Any] = {"recipe": name}
-    for layer in [RECIPES[name], *layers]:
+    for layer in [recipe_presets(name, layers), *layers]:
         merged = merge_layers(merged, layer)
     return build_config(merged)
 

@@ -10,9 +10,10 @@
     # batches: rlvr.rewards.score_batch(source.reward(), [(prompt, response, problem.reward_meta()), ...])
 
 Sources: :class:`ArithmeticSource` (generated, difficulty levels for curricula), :class:`RpnSource` (Simplexity
-RPN), :class:`Gsm8kSource` (``####`` answers), :class:`MathSource` (``\\boxed{}``), :class:`MbppSource` and
-:class:`HumanEvalSource` (code with tests, run in the sandbox), :class:`FileSource` (any JSONL/JSON/Parquet file or
-records with a :class:`FieldMap`), and :class:`HubDataset` for Hugging Face data sets when the hub is reachable.
+RPN), :class:`ReasoningGymSource` (reasoning-gym's datasets, an extra), :class:`Gsm8kSource` (``####`` answers),
+:class:`MathSource` (``\\boxed{}``), :class:`MbppSource` and :class:`HumanEvalSource` (code with tests, run in the
+sandbox), :class:`FileSource` (any JSONL/JSON/Parquet file or records with a :class:`FieldMap`), and
+:class:`HubDataset` for Hugging Face data sets when the hub is reachable.
 """
 
 from rlvr.tasks.arithmetic import ArithmeticLevel, ArithmeticSource
@@ -20,6 +21,7 @@ from rlvr.tasks.base import Problem, ProblemSource, select
 from rlvr.tasks.code import HumanEvalSource, MbppSource, human_eval_path
 from rlvr.tasks.files import FieldMap, FileSource, HubDataset, RecordSource, read_records
 from rlvr.tasks.math import Gsm8kSource, MathSource
+from rlvr.tasks.reasoning_gym import ReasoningGymSource
 from rlvr.tasks.rpn import RpnSource, evaluate_rpn
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "MbppSource",
     "Problem",
     "ProblemSource",
+    "ReasoningGymSource",
     "RecordSource",
     "RpnSource",
     "evaluate_rpn",
