@@ -88,8 +88,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     # that dataset's defaults. Default: one-digit a + b / a - b (basic_arithmetic), picked among chain_sum,
     # leg_counting, gcd and basic_arithmetic as the one whose SmolLM2 baseline is in 10-60% (0.23 of 48; chain_sum
     # 0.08, leg_counting 0.00, gcd 0.10), with the arithmetic recipe's loop settings. Measured: held-out 0.281 ->
-    # 0.344 (32 problems, greedy), train accuracy 0.19 -> 0.72 in 20 steps (docs/training.md). 32 held-out problems,
-    # not 64: greedy answers of 64 prompts decoded at once came out garbled for some prompts (docs/training.md).
+    # 0.344 (32 problems, greedy), train accuracy 0.19 -> 0.72 in 20 steps (docs/training.md).
     "reasoning-gym": {
         "base_model": "smollm2-135m", "steps": 20, "problems_per_step": 4, "group_size": 8, "max_tokens": 16,
         "learning_rate": 2e-4, "eval_problems": 32, "save_every": 10,
