@@ -20,7 +20,7 @@ default losses, log every step, and the sampler and trainer agree on every sampl
 their rewards stay flat: GSM8K's 0/1 reward needs a ``\\boxed{...}`` answer that a random 330k-parameter model
 never writes, and it cannot add, so that these recipes raise a reward is not shown here (the losses are checked
 number for number in ``test_server_sdk.py``, and the cookbook's ``rl.train`` raises a shaped reward in
-``test_server_cookbook.py``). ``rl_numerics_check`` needs SmolLM2 (``slow``) and is an open ``xfail``.
+``test_server_cookbook.py``). ``rl_numerics_check`` needs SmolLM2 (``slow``).
 """
 
 from __future__ import annotations
@@ -212,8 +212,6 @@ def test_math_rl_arithmetic_runs_sync_and_async(recipes, tmp_path, off_policy):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="open: in the runs made (2 of 2 failed), kl_sample_train_v1 was 0.63 at step 0 and ~1e-5 at "
-                   "steps 1-2; not yet known whether rlvr's sampler or the multi-turn datums differ", strict=False)
 def test_rl_numerics_check_sampler_and_trainer_agree(recipes, service, tmp_path):
     """``recipes/rl_numerics_check``: its counting environment (a read_page tool over pages of text) on local text
     in place of WikiText-103, on SmolLM2-135M (its tool-use system prompt alone is ~1,500 of tiny's byte tokens,
