@@ -20,7 +20,6 @@ from typing import Any
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
 from rlvr.fileio import jsonl_line, write_atomic
 from rlvr.rl.config import as_config
-from rlvr.rl.envs import RLDataset, evaluate_envs
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -72,6 +71,8 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         training_client = service.create_training_client_from_state(resolve_checkpoint(checkpoint))
         sampler = training_client.save_weights_and_get_sampling_client()
         tokenizer = training_client.get_tokenizer()
+    from rlvr.rl.envs import RLDataset  # here, not at import: rlvr train checks a config without loading torch
+
     if isinstance(source, RLDataset):  # an env recipe: its held-out games, played greedily
         return _evaluate_envs(config, source, sampler, tokenizer, num_samples, problems)
     chosen = source.problems(source.eval_split(), limit=problems or config.eval_problems)
@@ -106,7 +107,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     return result
 
 
-def _evaluate_envs(config: Any, dataset: RLDataset, sampler: Any, tokenizer: Any, num_samples: int,
+def _evaluate_envs(config: Any, dataset: Any, sampler: Any, tokenizer: Any, num_samples: int,
                    problems: int | None) -> dict[str, Any]:
     """An env dataset's held-out groups (the first ``problems``), one greedy episode each, as the loop evaluates
     them: ``test/reward/mean``, ``test/correct`` (episode reward >= 1), ``test/turns`` (no per-game records)."""
@@ -117,4 +118,6 @@ def _evaluate_envs(config: Any, dataset: RLDataset, sampler: Any, tokenizer: Any
     groups = list(dataset.test_groups())[:problems or None]
     if not groups:
         raise ConfigurationError(f"recipe {config.recipe!r} has no held-out groups (eval_problems=0?)")
+    from rlvr.rl.envs import evaluate_envs
+
     return {"problems": len(groups), **evaluate_envs(sampler, groups, config.max_tokens, config.max_turns)}
