@@ -29,6 +29,9 @@ def test_tiny_is_small_deterministic_and_has_a_chat_template():
 
 def test_unknown_names_and_bad_folders_fail_clearly(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants  # read once at import: the variable alone leaves ~45 s of retries to the hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelLoadError, match="neither a known name"):
         load_base_model("no-such-org/no-such-model")
     with pytest.raises(ModelLoadError, match="folder without config.json"):
