@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -65,3 +66,20 @@ def sdk(server: LiveServer):
 
     client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
     yield client
+
+
+@pytest.fixture
+def root_logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level put back after the test: tinker-cookbook's recipes replace them with
+    their own (console + a file in their log folder)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import logging
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -95,25 +94,14 @@ class DigitArithmeticBuilder(RLDatasetBuilder):
 
 
 @pytest.fixture
-def cookbook(server, monkeypatch):
+def cookbook(server, monkeypatch, root_logging_kept):
     """What the cookbook needs from its surroundings, set for one test and undone after it."""
     monkeypatch.setenv("TINKER_API_KEY", server.api_key)
     # The cookbook loads tokenizers by model name from the Hugging Face hub; "tiny" is rlvr's, built in code.
     tokenizer_utils.register_tokenizer("tiny", build_tiny_tokenizer)
     # It also downloads a price list for its cost metrics; tests stay offline.
     monkeypatch.setattr(train, "fetch_model_pricing", lambda *args, **kwargs: None)
-    # And it replaces the root logger's handlers with its own (console + a file in log_path): put pytest's back.
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield server
-    for handler in root.handlers[:]:
-        if handler not in handlers:
-            root.removeHandler(handler)
-            handler.close()
-    for handler in handlers:
-        if handler not in root.handlers:
-            root.addHandler(handler)
-    root.setLevel(level)
+    yield server  # root_logging_kept puts back the root logger's handlers, which it replaces
     tokenizer_utils.unregister_tokenizer("tiny")
 
 

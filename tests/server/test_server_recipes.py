@@ -26,7 +26,6 @@ number for number in ``test_server_sdk.py``, and the cookbook's ``rl.train`` rai
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from tinker import types
 from tinker_cookbook import model_info, tokenizer_utils
 
 from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.fileio import read_jsonl
 
 RENDERER = "role_colon"
 CONVERSATIONS = Path(tokenizer_utils.__file__).parent / "example_data" / "conversations.jsonl"
@@ -65,7 +65,7 @@ def _gsm8k_rows(n: int) -> list[dict[str, str]]:
 
 
 @pytest.fixture
-def recipes(server, monkeypatch, tmp_path):
+def recipes(server, monkeypatch, tmp_path, root_logging_kept):
     """The surroundings a cookbook recipe needs (see the module docstring), set for one test and undone after it."""
     monkeypatch.setenv("TINKER_API_KEY", server.api_key)
     tokenizer_utils.register_tokenizer("tiny", build_tiny_tokenizer)
@@ -91,23 +91,12 @@ def recipes(server, monkeypatch, tmp_path):
     from tinker_cookbook.supervised import train as sl_train
     for module in (rl_train, sl_train):  # they download a price list for their cost metrics
         monkeypatch.setattr(module, "fetch_model_pricing", lambda *args, **kwargs: None)
-    root = logging.getLogger()  # the recipes replace the root logger's handlers: put pytest's back after
-    handlers, level = root.handlers[:], root.level
-    yield server
-    for handler in root.handlers[:]:
-        if handler not in handlers:
-            root.removeHandler(handler)
-            handler.close()
-    for handler in handlers:
-        if handler not in root.handlers:
-            root.addHandler(handler)
-    root.setLevel(level)
+    yield server  # root_logging_kept puts back the root logger's handlers, which the recipes replace
     tokenizer_utils.unregister_tokenizer("tiny")
 
 
 def _metric(log_path: Path, key: str) -> list[float]:
-    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
-    return [row[key] for row in sorted(rows, key=lambda r: r["step"]) if key in row]
+    return [row[key] for row in sorted(read_jsonl(log_path / "metrics.jsonl"), key=lambda r: r["step"]) if key in row]
 
 
 def _rise(values: list[float], window: int = 2) -> float:
