@@ -94,6 +94,18 @@ def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
         assert decoder.keys[0].shape[0] == 2  # compacted to the two live rows (oneDNN's pack still serves them)
 
 
+PROMPTS = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
+
+
+def started_decoder(model, rows: torch.Tensor) -> LlamaDecoder:
+    """A decoder over ``model`` started on ``PROMPTS`` prefilled, ``rows`` naming each row's prompt, with room for
+    6 new tokens."""
+    decoder = LlamaDecoder.build(model)
+    cache, mask, _ = prefill(model, PROMPTS[: int(rows.max()) + 1], pad_id=0)
+    decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
+    return decoder
+
+
 @pytest.mark.parametrize(("rows", "sizes", "keeps"), [
     ([0, 0, 0, 1, 1, 1], [3, 2, 1], [[0, 1, 3, 4], [0, 2, 3]]),  # equal groups; rows of both prompts finish
     ([0, 0, 0, 0, 1, 1, 1, 1, 2, 2], [2, 1], [[0, 1, 2, 4, 5, 6, 7]]),  # groups of 4, 4, 2 in chunks of 2
@@ -105,15 +117,12 @@ def test_chunked_prompts_give_the_models_logits(host, rows, sizes, keeps, monkey
     # also after rows finish and their generated columns move to new slots.
     chosen = iter(sizes)
     monkeypatch.setattr(decode, "chunk_size", lambda counts, *_: min(next(chosen), max(counts)))
-    prompts = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
     rows = torch.tensor(rows)
     with host.active("tuned") as model:
-        decoder = LlamaDecoder.build(model)
-        cache, mask, _ = prefill(model, prompts[: int(rows.max()) + 1], pad_id=0)
-        decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
+        decoder = started_decoder(model, rows)
         assert decoder.chunk == sizes[0] > 1
         assert len(decoder.prompt_keys[0]) == decoder.keys[0].shape[0] // sizes[0]  # the prompt once per chunk
-        decode_against_the_model(model, decoder, prompts, rows, dict(enumerate(keeps)), seed=1)
+        decode_against_the_model(model, decoder, PROMPTS, rows, dict(enumerate(keeps)), seed=1)
         assert next(chosen, None) is None  # every layout was used: each keep compacted
 
 
@@ -194,10 +203,7 @@ def test_draw_follows_the_weights_and_never_picks_a_zero(vocab):
 def test_rows_of_interleaved_prompts_decode_their_own_prompt(host, rows):
     # Requests queued one by one (an OpenAI endpoint's, say) put rows of one prompt apart: the decoder lays them out
     # by prompt, and each row must still get the logits of its own sequence, all slots full or not.
-    prompts = [[5, 6, 7, 8, 9], [20, 21], [30, 31, 32]]
     rows = torch.tensor(rows)
     with host.active("tuned") as model:
-        decoder = LlamaDecoder.build(model)
-        cache, mask, _ = prefill(model, prompts[: int(rows.max()) + 1], pad_id=0)
-        decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
-        decode_against_the_model(model, decoder, prompts, rows, {1: [0, 1, 3, 4, 5], 3: [1, 2]}, seed=2)
+        decode_against_the_model(model, started_decoder(model, rows), PROMPTS, rows, {1: [0, 1, 3, 4, 5], 3: [1, 2]},
+                                 seed=2)
