@@ -134,6 +134,14 @@ class RLDataset(ABC):
         return rollout_groups(sampling_client, builders, params, max_turns=max_turns, seed=seed, timing=timing)
 
 
+def batch_positions(index: int, num_batches: int, per_batch: int) -> range:
+    """The positions of batch ``index``'s items in a dataset of ``num_batches`` batches of ``per_batch`` items each;
+    an IndexError past either end, as ``RLDataset.get_batch`` raises."""
+    if not 0 <= index < num_batches:
+        raise IndexError(f"batch {index} of a dataset with {num_batches} batches")
+    return range(index * per_batch, (index + 1) * per_batch)
+
+
 def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max_tokens: int,
                   max_turns: int) -> dict[str, float]:
     """Greedy episodes of ``builders``: ``test/reward/mean``, ``test/correct`` (episode reward >= 1), ``test/turns``."""
@@ -317,10 +325,8 @@ class ProblemDataset(RLDataset):
         return len(self.problems) // self.problems_per_batch
 
     def get_batch(self, index: int) -> list[EnvGroupBuilder]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} of a dataset with {len(self)} batches")
-        chunk = self.problems[index * self.problems_per_batch:(index + 1) * self.problems_per_batch]
-        return [self.make_group(p, self.group_size) for p in chunk]
+        return [self.make_group(self.problems[i], self.group_size)
+                for i in batch_positions(index, len(self), self.problems_per_batch)]
 
     def test_groups(self) -> list[EnvGroupBuilder]:
         return [self.make_group(p, 1) for p in self.held_out]  # greedy: one episode per problem says it all

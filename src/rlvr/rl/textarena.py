@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from rlvr.errors import ConfigurationError, RewardError
-from rlvr.rl.envs import Env, EnvGroupBuilder, RLDataset, StepResult, extend_conversation
+from rlvr.rl.envs import Env, EnvGroupBuilder, RLDataset, StepResult, batch_positions, extend_conversation
 from rlvr.tasks.base import render_messages
 
 __all__ = ["OPPONENTS", "Opponent", "TextArenaDataset", "TextArenaEnv", "TextArenaGroupBuilder", "list_games"]
@@ -274,10 +274,8 @@ class TextArenaDataset(RLDataset):
             self.tokenizer = tokenizer
 
     def get_batch(self, index: int) -> list[EnvGroupBuilder]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} of a dataset with {len(self)} batches")
-        first = index * self.games_per_batch
-        return [self._group("train", i, self.group_size) for i in range(first, first + self.games_per_batch)]
+        return [self._group("train", i, self.group_size)
+                for i in batch_positions(index, len(self), self.games_per_batch)]
 
     def test_groups(self) -> list[EnvGroupBuilder]:
         return [self._group("test", i, 1) for i in range(self.test_games)]

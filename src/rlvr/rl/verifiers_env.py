@@ -41,7 +41,16 @@ from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError, RewardError, SamplingError
-from rlvr.rl.envs import Env, EnvGroupBuilder, RLDataset, StepResult, Trajectory, TrajectoryGroup, Transition
+from rlvr.rl.envs import (
+    Env,
+    EnvGroupBuilder,
+    RLDataset,
+    StepResult,
+    Trajectory,
+    TrajectoryGroup,
+    Transition,
+    batch_positions,
+)
 
 __all__ = ["VerifiersDataset", "VerifiersGroup", "import_verifiers", "load_verifiers_env"]
 
@@ -136,7 +145,7 @@ def _guard(func: Any, timeout: float, group: bool) -> Any:
             what = (f"timed out after {timeout}s" if isinstance(exc, TimeoutError)
                     else f"raised {type(exc).__name__}: {exc}")
             for state in scored:
-                state.setdefault(_FAILURES, []).append(f"reward function {name} {what}")
+                state.setdefault(_FAILURES, []).append((name, what))
             raise
         return value
 
@@ -224,10 +233,8 @@ class VerifiersDataset(RLDataset):
         return len(self.rows) // self.groups_per_batch
 
     def get_batch(self, index: int) -> list[EnvGroupBuilder]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} of a dataset with {len(self)} batches")
-        rows = self.rows[index * self.groups_per_batch:(index + 1) * self.groups_per_batch]
-        return [VerifiersGroup(self, row, self.group_size) for row in rows]
+        return [VerifiersGroup(self, self.rows[i], self.group_size)
+                for i in batch_positions(index, len(self), self.groups_per_batch)]
 
     def rollout(self, sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                 max_turns: int, seed: int | None, timing: dict[str, float]) -> list[TrajectoryGroup]:
@@ -291,13 +298,14 @@ class VerifiersDataset(RLDataset):
                                     "with logprobs=True, so the request did not reach it")
             transitions.append(Transition(list(tokens["prompt_ids"]), list(tokens["completion_ids"]),
                                           list(tokens["completion_logprobs"]), 0.0))
-        failures = list(state.get(_FAILURES) or [])
+        noted = state.get(_FAILURES) or []  # (reward function, what went wrong)
+        failures = [f"reward function {name} {what}" for name, what in noted]
         if error is not None:
             failures.append(f"rollout stopped: {_chain(error)}")
         if not transitions:
             failures.append(f"no model turn (stop condition {state.get('stop_condition')!r})")
             transitions.append(Transition([], [], [], 0.0))
-        failed = {f.split()[2] for f in failures if f.startswith("reward function ")}
+        failed = {name for name, _ in noted}
         last = transitions[-1]
         last.reward = math.nan if failures else float(state["reward"])
         last.metrics = {f"rubric/{name}": float(value) for name, value in (state.get("metrics") or {}).items()
