@@ -85,6 +85,34 @@ else:
                      "eval_problems=2", "seed=7", "out={out}"])
 """
 
+# The rpn recipe on tiny as `rlvr train` runs it: a supervised warm-up (6 steps, checkpointed every 2), then RL
+# (4 steps, checkpointed every 2). PHASE_KILLS stop it in each phase; `rlvr.resume` continues it.
+_WARMED = """
+from rlvr.rl.run import resume, train
+from rich.console import Console
+if {resume!r}:
+    resume({out!r}, console=Console(quiet=True))
+else:
+    train(overrides=["recipe=rpn", "rank=8", "steps=4", "save_every=2", "problems_per_step=2", "group_size=4",
+                     "max_tokens=8", "eval_problems=2", "task.num_train=40", "warmup.steps=6", "warmup.batch_size=4",
+                     "warmup.save_every=2", "out={out}"], console=Console(quiet=True))
+"""
+
+PHASE_KILLS = """
+import rlvr.rl.checkpoints as cps
+from rlvr.rl import tracking
+record, log = cps.record_checkpoint, tracking.JsonlTracker.log
+def record_then_die(run_dir, entry, filename=cps.FILENAME):
+    record(run_dir, entry, filename)
+    if DIE == "in_warmup" and filename == cps.WARMUP and entry["step"] == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+def log_then_die(self, metrics, step):
+    log(self, metrics, step)
+    if DIE == "in_rl_before_its_first_checkpoint" and step == 0 or DIE == "in_rl" and step == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+cps.record_checkpoint, tracking.JsonlTracker.log = record_then_die, log_then_die
+"""
+
 
 def run_process(body: str, out: Path, resume: bool = False, die: str = "", timing: Path | None = None
                 ) -> subprocess.CompletedProcess:
@@ -166,3 +194,28 @@ def test_two_processes_train_smollm2_alike(tmp_path):
 @pytest.mark.slow
 def test_a_killed_and_resumed_smollm2_run_equals_the_uninterrupted_one(tmp_path):
     check_kill_and_resume(tmp_path, _SMOLLM2, "", 8)
+
+
+@pytest.fixture(scope="module")
+def warmed_straight(tmp_path_factory) -> Path:
+    """The uninterrupted run with a warm-up that the killed ones are compared with."""
+    out = tmp_path_factory.mktemp("warmed") / "straight"
+    done = run_process(_WARMED, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("die", ["in_warmup", "in_rl_before_its_first_checkpoint", "in_rl"])
+def test_a_run_with_a_warm_up_killed_in_either_phase_resumes_to_the_uninterrupted_one(warmed_straight, tmp_path,
+                                                                                        die):
+    """Killed after the warm-up's first checkpoint, after the loop's first step (no RL checkpoint yet: the loop
+    starts again from the warm-up's state) or after its first checkpoint: ``rlvr.resume`` ends where the
+    uninterrupted run does, its warm-up rows, metrics rows and final adapter alike."""
+    killed = run_process(PHASE_KILLS + _WARMED, tmp_path, die=die)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert (tmp_path / "checkpoints.jsonl").exists() == (die == "in_rl")
+    done = run_process(_WARMED, tmp_path, resume=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(warmed_straight, tmp_path, 4)
+    warmup_a, warmup_b = read_jsonl(warmed_straight / "warmup.jsonl"), read_jsonl(tmp_path / "warmup.jsonl")
+    assert [row["step"] for row in warmup_b] == list(range(6)) and warmup_a == warmup_b

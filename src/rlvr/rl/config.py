@@ -189,6 +189,8 @@ class WarmupConfig:
     """Problems per supervised step."""
     learning_rate: float = 1e-3
     """AdamW learning rate of the warm-up."""
+    save_every: int = 50
+    """Checkpoint the warm-up every this many steps (and at its end), so that ``rlvr resume`` continues it."""
 
 
 @dataclass

@@ -25,7 +25,8 @@ from typing import Any
 
 from rlvr.errors import ConfigurationError
 from rlvr.fileio import append_jsonl, write_atomic
-from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config
+from rlvr.precision import base_precision
+from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config, save_config
 from rlvr.rl.evaluation import evaluate
 from rlvr.rl.recipes import build_source
 from rlvr.rl.sft import sft
@@ -41,6 +42,8 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
     source = build_source(config)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
+        save_config(dataclasses.replace(config, precision=base_precision(config.precision)), run_dir / "config.yaml")
     _status(run_dir, "running")
     try:
         result = _train(config, source, run_dir, console)
@@ -73,10 +76,7 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dic
     console = console or Console()
     console.print(f"[bold]rlvr train[/bold] recipe={config.recipe} model={config.base_model} steps={config.steps} "
                   f"-> {run_dir}")
-    if config.warmup.steps and not config.resume and not config.start_from_checkpoint:
-        config = dataclasses.replace(config, start_from_checkpoint=_warmup(config, source, run_dir, console))
-    elif config.resume and last_checkpoint(run_dir) is None:
-        raise ConfigurationError(f"resume: {run_dir} has no checkpoint yet (checkpoints.jsonl); start it afresh")
+    config = _after_warmup(config, source, run_dir, console)
 
     columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[status]}"),
                TimeElapsedColumn(), TimeRemainingColumn()]
@@ -104,28 +104,69 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dic
     return {**result, "summary": summary, "run_dir": str(run_dir)}
 
 
-def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> str:
-    """Supervised warm-up on the source's worked solutions; returns the state path RL starts from."""
-    import rlvr
-    from rlvr.rl.sft import encode_pair, supervised_steps
+def _after_warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> TrainConfig:
+    """The config the loop runs: with a warm-up, RL starts from its final state.
 
-    service = rlvr.ServiceClient(precision=config.precision)
-    training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
-                                                          seed=config.seed)
+    A fresh run warms up first (unless it starts from a checkpoint of its own). A resumed run that has no RL
+    checkpoint yet was stopped in the warm-up or before the loop's first checkpoint: the warm-up continues from its
+    last checkpoint (or is already complete), and the loop starts again at step 0, its earlier rows dropped."""
+    from rlvr.rl.checkpoints import WARMUP, last_checkpoint
+    from rlvr.rl.rollout_log import RolloutLog
+    from rlvr.rl.tracking import drop_rows_from
+
+    if config.resume and last_checkpoint(run_dir) is not None:
+        return config
+    warmed = last_checkpoint(run_dir, WARMUP) if config.resume else None
+    if not config.warmup.steps or (config.start_from_checkpoint and warmed is None):
+        if config.resume:
+            raise ConfigurationError(f"resume: {run_dir} has no checkpoint yet (checkpoints.jsonl); start it afresh")
+        return config
+    state_path = _warmup(config, source, run_dir, console, warmed)
+    if config.resume:
+        if (run_dir / "metrics.jsonl").exists():
+            drop_rows_from(run_dir / "metrics.jsonl", 0)
+        RolloutLog(run_dir).drop_from(0)
+    return dataclasses.replace(config, resume=False, start_from_checkpoint=state_path)
+
+
+def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warmed: dict[str, Any] | None) -> str:
+    """Supervised warm-up on the source's worked solutions, continued from ``warmed`` (its last checkpoint) when
+    there is one; checkpointed every ``warmup.save_every`` steps and at the end. Returns the state RL starts from."""
+    import rlvr
+    from rlvr.rl.checkpoints import WARMUP, last_checkpoint, record_checkpoint
+    from rlvr.rl.sft import encode_pair, supervised_steps
+    from rlvr.rl.tracking import drop_rows_from
+
+    steps, log = config.warmup.steps, run_dir / "warmup.jsonl"
+    if warmed is not None and warmed["step"] >= steps:
+        return warmed["state_path"]
+    service = rlvr.ServiceClient(precision=base_precision(config.precision))
+    if warmed is None:
+        training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
+                                                              seed=config.seed)
+        log.unlink(missing_ok=True)  # a warm-up starts the run: no earlier rows
+    else:
+        training_client = service.create_training_client_from_state_with_optimizer(warmed["state_path"])
+        if log.exists():
+            drop_rows_from(log, warmed["step"])
     tokenizer = training_client.get_tokenizer()
     problems = source.problems("train")
     examples = [encode_pair(tokenizer, source.render_ids(p, tokenizer), source.demonstration(p)) for p in problems]
-    (run_dir / "warmup.jsonl").unlink(missing_ok=True)  # a warm-up starts the run: no earlier rows
     with console.status("supervised warm-up") as status:
         def on_step(step: int, metrics: dict[str, float]) -> None:
-            append_jsonl(run_dir / "warmup.jsonl", {"step": step, **metrics})
-            status.update(f"supervised warm-up: step {step + 1}/{config.warmup.steps}, "
+            append_jsonl(log, {"step": step, **metrics})
+            status.update(f"supervised warm-up: step {step + 1}/{steps}, "
                           f"loss/token {metrics['train/loss_per_token']:.3f}")
+            if (step + 1) % max(config.warmup.save_every, 1) == 0 or step + 1 == steps:
+                path = training_client.save_state(f"warmup-{step + 1:06d}").result().path
+                record_checkpoint(run_dir, {"step": step + 1, "state_path": path}, WARMUP)
 
-        losses = supervised_steps(training_client, examples, config.warmup.steps, config.warmup.batch_size,
-                                  config.warmup.learning_rate, seed=config.seed, on_step=on_step)
-    console.print(f"warm-up: {config.warmup.steps} supervised steps, loss/token {losses[0]:.3f} -> {losses[-1]:.3f}")
-    return training_client.save_state("warmup").result().path
+        losses = supervised_steps(training_client, examples, steps, config.warmup.batch_size,
+                                  config.warmup.learning_rate, seed=config.seed, on_step=on_step,
+                                  start=warmed["step"] if warmed else 0)
+    console.print(f"warm-up: steps {warmed['step'] if warmed else 0}-{steps - 1}, loss/token {losses[0]:.3f} -> "
+                  f"{losses[-1]:.3f}")
+    return last_checkpoint(run_dir, WARMUP)["state_path"]  # the step-`steps` one, recorded by the last on_step
 
 
 def _summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:

@@ -83,8 +83,10 @@ def encode_pair(tokenizer: Any, prompt: str | Sequence[int], completion: str) ->
 
 def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int], Sequence[int]]], steps: int,
                      batch_size: int, learning_rate: float, seed: int = 0,
-                     on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[float]:
-    """``steps`` cross_entropy steps over (prompt ids, completion ids) examples; returns the mean loss per token."""
+                     on_step: Callable[[int, dict[str, float]], None] | None = None, start: int = 0) -> list[float]:
+    """Cross_entropy steps ``start`` to ``steps - 1`` over (prompt ids, completion ids) examples; returns the mean
+    loss per token of each. The batches depend only on ``seed`` and the step, so a run continued from a checkpoint
+    of step ``start`` (its weights and AdamW state) trains on the batches the uninterrupted run would have."""
     from rlvr import types
     from rlvr.rl.datums import sft_datum
 
@@ -100,6 +102,8 @@ def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int
                 order = list(range(len(datums)))
                 rng.shuffle(order)
             batch.append(datums[order.pop()])
+        if step < start:  # drawn only to reach step start's place in the order
+            continue
         fwd = training_client.forward_backward(batch, "cross_entropy")
         opt = training_client.optim_step(adam)
         out = fwd.result()
