@@ -1,6 +1,7 @@
 """verifiers environments in rlvr's loop (rl/verifiers_env.py): rollouts sampled through the in-process OpenAI endpoint
 keep the sampled tokens and logprobs, the rubric's reward trains the tiny model and reaches metrics.jsonl, multi-turn
-envs play their turns, and a reward function that raises or hangs is a counted failure, never a quiet 0."""
+envs play their turns, tool envs call their tools (tiny's first turn scripted to call one) and train only the model's
+tokens, and a reward function that raises or hangs is a counted failure, never a quiet 0."""
 
 from __future__ import annotations
 
@@ -121,6 +122,61 @@ def test_an_env_that_breaks_stops_the_step_naming_it(tokenizer, sampler):
         dataset.rollout(sampler, dataset.get_batch(0), PARAMS, max_turns=2, seed=0, timing={})
 
 
+# -- tools ------------------------------------------------------------------------------------------------------------
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+def used_the_sum(completion) -> float:
+    """1 when the tool's result came back, plus a text score of the answer after it, so rollouts differ."""
+    returned = any(m["role"] == "tool" and m["content"] == "5" for m in completion)
+    return float(returned) + text_score(content(completion))
+
+
+def tool_env() -> object:
+    return vf.ToolEnv(dataset=Dataset.from_list(ROWS), tools=[add], rubric=vf.Rubric(funcs=[used_the_sum]),
+                      max_turns=3)
+
+
+def call_first(prompt: str) -> str | None:
+    """tiny writes noise: its first turn is scripted to call add(2, 3); after the result it samples for real."""
+    return None if "</tool_response>" in prompt else CALL
+
+
+def test_tool_env_turns_train_only_the_models_tokens(tokenizer, sampler, monkeypatch):
+    from scripted import script_chat
+
+    script_chat(monkeypatch, call_first)
+    dataset = VerifiersDataset(tool_env(), tokenizer, groups_per_batch=1, group_size=2)
+    [group] = dataset.rollout(sampler, dataset.get_batch(0), PARAMS, max_turns=3, seed=0, timing={})
+    for trajectory in group.trajectories:
+        first, second = trajectory.transitions  # the call, then the answer to its result
+        assert tokenizer.decode(first.action) == CALL + "<|im_end|>"
+        assert tokenizer.decode(second.observation).endswith(
+            "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        assert trajectory.failure is None and trajectory.reward >= 1.0  # the tool ran and its result came back
+        assert first.metrics == {} and second.metrics["rubric/total_tool_calls"] == 1.0
+        # Only sampled tokens carry weight: the prompt, the tool schemas and the tool's result are observation.
+        actions = [tok for t in trajectory.transitions for tok in t.action]
+        weighted, unweighted = [], []
+        for datum, mask in trajectory_datums(trajectory, advantage=1.0):
+            targets = datum.loss_fn_inputs["target_tokens"].tolist()
+            weighted += [tok for tok, m in zip(targets, mask, strict=True) if m]
+            unweighted += [tok for tok, m in zip(targets, mask, strict=True) if not m]
+        assert weighted == actions
+        assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(unweighted)
+
+
 # -- the loop ---------------------------------------------------------------------------------------------------------
 
 def loop_config(path, **overrides) -> LoopConfig:
@@ -147,6 +203,25 @@ def test_a_verifiers_env_trains_through_the_loop_with_its_rubrics_reward(tmp_pat
         assert m["env/all/rubric/scored"] == pytest.approx(m["env/all/reward/mean"])
         assert m["env/all/reward/errors:sum"] == 0 and m["by_group/frac_failed"] == 0
     assert sum(m["train/datums"] for m in metrics) > 0 and all("optim/loss:sum" in m for m in metrics)
+
+
+def test_a_tool_env_trains_through_the_loop_with_its_rubrics_reward(tmp_path, tokenizer, monkeypatch):
+    from scripted import script_chat
+
+    script_chat(monkeypatch, call_first)
+    train(loop_config(tmp_path, steps=2, group_size=2), VerifiersDataset(tool_env(), tokenizer, groups_per_batch=1,
+                                                                         group_size=2))
+    run = tmp_path / "run"
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1]
+    for m in metrics:
+        records = read_jsonl(run / "rollouts" / f"step-{m['step']:06d}.jsonl")
+        assert len(records) == 2 and all(r["failure"] is None for r in records)
+        assert m["env/all/reward/mean"] == pytest.approx(sum(r["reward"] for r in records) / 2)
+        assert m["env/all/rubric/used_the_sum"] == pytest.approx(m["env/all/reward/mean"])
+        assert m["env/all/reward/mean"] >= 1.0  # every rollout called the tool and got its result back
+        assert m["env/all/rubric/add_calls"] == 1.0 and m["env/all/reward/errors:sum"] == 0
+    assert sum(m["train/datums"] for m in metrics) > 0
 
 
 def flaky(completion, answer) -> float:
@@ -207,14 +282,15 @@ def test_an_installed_environment_loads_by_id(tmp_path, monkeypatch, tokenizer):
         load_verifiers_env("say-letters", m=1)
 
 
-def test_tool_calls_are_refused_loudly(tokenizer, sampler):
+def test_a_tool_the_endpoint_refuses_stops_the_run_naming_it(tokenizer, sampler):
     def add(a: int, b: int) -> int:
         """Add two numbers."""
         return a + b
 
+    add.__name__ = "add two"  # OpenAI's function names have no spaces: rlvr's endpoint answers 400
     env = vf.ToolEnv(dataset=Dataset.from_list(ROWS), tools=[add], rubric=vf.Rubric(funcs=[scored]))
     dataset = VerifiersDataset(env, tokenizer, groups_per_batch=1, group_size=1)
-    with pytest.raises(SamplingError, match="refused by rlvr's OpenAI endpoint.*tools"):
+    with pytest.raises(SamplingError, match=r"refused by rlvr's OpenAI endpoint.*tools\.0\.function\.name"):
         dataset.rollout(sampler, dataset.get_batch(0), PARAMS, max_turns=1, seed=0, timing={})
 
 

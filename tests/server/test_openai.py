@@ -1,10 +1,13 @@
 """OpenAI-compatible sampling (``rlvr.server.openai``) through the official ``openai`` client: against a live
 ``rlvr serve`` (``openai.OpenAI``) and in process (``openai_client``: ``openai.AsyncOpenAI`` over ASGI, no socket).
-Every sampled number is checked against the engine's own: token ids, seeds, logprobs, checkpoint weights."""
+Every sampled number is checked against the engine's own: token ids, seeds, logprobs, checkpoint weights. Tool calls
+are parsed from replies scripted through ``tests/scripted.py`` (tiny writes noise), and text that is not a well-formed
+call, whatever it holds, stays content."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import httpx
@@ -155,6 +158,158 @@ def test_streams_carry_the_same_choices_and_end_with_done(oai, server):
     assert raw.text.endswith("data: [DONE]\n\n") and raw.text.count("data: ") == 2
 
 
+# -- tools ------------------------------------------------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+         {"type": "function", "function": {"name": "neg", "parameters": {"type": "object", "properties": {
+             "x": {"type": "integer"}}}}}]
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+ASK = [{"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), [
+    (CALL, None, [("add", {"a": 2, "b": 3})]),
+    (f"Adding.\n{CALL}\nThen negating.<tool_call>{{\"name\": \"neg\", \"arguments\": {{\"x\": 5}}}}</tool_call>",
+     "Adding.\n\nThen negating.", [("add", {"a": 2, "b": 3}), ("neg", {"x": 5})]),
+    ('<tool_call>{"name": "neg", "arguments": "{\\"x\\": -1}"}</tool_call>', None, [("neg", {"x": -1})]),
+    ('<tool_call>{"name": "neg"}</tool_call> done', "done", [("neg", {})]),
+    ('<tool_call>{"name": "add", "arguments": {"a": "\u00e9\u4e00"}}</tool_call>', None, [("add", {"a": "é一"})]),
+], ids=["one", "two-with-text", "arguments-as-json-text", "no-arguments", "unicode"])
+def test_tool_calls_are_parsed_out_of_the_text(text, content, calls):
+    from rlvr.server.openai_tools import parse_tool_calls
+
+    got_content, got = parse_tool_calls(text, {"add", "neg"}, key=[[1, 2], [3]])
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == calls
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in got)
+    assert len({c["id"] for c in got}) == len(got)
+    assert [c["id"] for c in parse_tool_calls(text, {"add", "neg"}, key=[[1, 2], [3]])[1]] == [c["id"] for c in got]
+    assert [c["id"] for c in parse_tool_calls(text, {"add", "neg"}, key=[[1, 2], [4]])[1]] != [c["id"] for c in got]
+
+
+MALFORMED = {
+    "bad-json": '<tool_call>{"name": "add", "arguments": {"a": 2,}}</tool_call>',
+    "unknown-function": '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
+    "arguments-a-list": '<tool_call>{"name": "add", "arguments": [2, 3]}</tool_call>',
+    "arguments-bad-json-text": '<tool_call>{"name": "add", "arguments": "{a: 2"}</tool_call>',
+    "name-not-text": '<tool_call>{"name": ["add"], "arguments": {}}</tool_call>',
+    "not-an-object": '<tool_call>"add"</tool_call>',
+    "empty": "<tool_call></tool_call>",
+    "left-open": 'Sure. <tool_call>{"name": "add", "arguments": {"a": 2, "b"',
+    "close-only": '</tool_call>{"name": "add"}',
+    "nested-tags": f"<tool_call>{CALL}</tool_call>",
+    "deep-nesting": '<tool_call>{"name": "add", "arguments": ' + "[" * 100_000 + "</tool_call>",
+    "deep-nesting-closed": '<tool_call>{"name": "add", "arguments": {"a": ' + "[" * 5000 + "]" * 5000
+                           + "}}</tool_call>",
+    "lone-surrogate": '<tool_call>{"name": "add", "arguments": {"a": "\\ud800"}}</tool_call>',
+    "infinity": '<tool_call>{"name": "add", "arguments": {"a": Infinity}}</tool_call>',
+    "overflowing-float": '<tool_call>{"name": "add", "arguments": {"a": 1e999}}</tool_call>',
+    "too-many-digits": '<tool_call>{"name": "add", "arguments": {"a": ' + "9" * 5000 + "}}</tool_call>",
+    "broken-utf8": "<tool_call>" + b'{"name": "add\xff", "arguments": {}}'.decode("utf-8", "replace") + "</tool_call>",
+    "control-characters": '<tool_call>{"name": "add\x00", "arguments": {}}</tool_call>\x1b[2J',
+}
+
+
+@pytest.mark.parametrize("text", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_tool_call_text_stays_content(text):
+    from rlvr.server.openai_tools import parse_tool_calls
+
+    assert parse_tool_calls(text, {"add", "neg"}) == (text, [])
+
+
+def test_any_text_a_model_writes_parses_without_raising():
+    """Random mixes of the pieces a tool call is made of: the parser returns, and a call it finds is valid JSON."""
+    import random
+
+    from rlvr.server.openai_tools import parse_tool_calls
+
+    pieces = ["<tool_call>", "</tool_call>", "<tool_", "call>", '{"name": "add"', '"arguments": ', "{", "}", "[",
+              "]", '"', "\\", ",", ":", "1e999", "NaN", "\\ud800", "\ufffd", "\x00", " ", "\n", "add", "é"]
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(40)))
+        content, calls = parse_tool_calls(text, {"add"}, key=text)
+        for call in calls:
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
+        assert calls or content == text
+
+
+def test_chat_with_tools_returns_the_tool_calls_and_the_exact_sampled_tokens(oai, service, tokenizer, monkeypatch):
+    from scripted import script_chat
+
+    replies = {"call": f"Let me add.\n{CALL}", "noise": '<tool_call>{"name": "add", "argu'}
+    reply = ["call"]
+    prompts = script_chat(monkeypatch, lambda prompt: replies[reply[0]])
+    out = oai.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, logprobs=True, seed=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me add."
+    [call] = choice.message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "add", {"a": 2, "b": 3})
+    # The trainer still gets every sampled token, the call's included, with the engine's logprobs.
+    assert choice.token_ids == tokenizer.encode(replies["call"], add_special_tokens=False) + [tokenizer.eos_token_id]
+    np.testing.assert_allclose([e.logprob for e in choice.logprobs.content],
+                               _engine_logprobs(service, out.prompt_token_ids, choice.token_ids), atol=1e-4)
+    # tiny's template has no tool support: the fallback lists the functions in a system turn.
+    assert prompts[-1].startswith("<|im_start|>system\n# Tools") and '"name": "add"' in prompts[-1]
+    assert tokenizer.decode(out.prompt_token_ids) == prompts[-1]
+
+    # The call and its result go back as the next request's conversation.
+    follow = [*ASK, choice.message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    again = oai.chat.completions.create(model="tiny", messages=follow, tools=TOOLS)
+    assert again.choices[0].message.tool_calls[0].id != call.id  # ids differ turn to turn
+    assert prompts[-1].endswith(f"<|im_start|>assistant\n{replies['call']}<|im_end|>\n<|im_start|>user\n"
+                                "<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+    streamed = list(oai.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, stream=True, seed=0))
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    [delta] = streamed[-1].choices[0].delta.tool_calls
+    assert (delta.index, delta.id, delta.function.name) == (0, call.id, "add")
+
+    plain = oai.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="none")
+    assert plain.choices[0].message.content == replies["call"] and not plain.choices[0].message.tool_calls
+    reply[0] = "noise"
+    broken = oai.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS).choices[0]
+    assert broken.message.content == replies["noise"] and broken.finish_reason == "stop"
+    assert not broken.message.tool_calls
+
+
+def test_a_bad_tool_choice_is_400_and_the_next_tool_request_is_served(oai, monkeypatch):
+    from scripted import script_chat
+
+    script_chat(monkeypatch, lambda prompt: CALL)
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required")
+    assert refused.value.body["param"] == "tool_choice" and '"none"' in refused.value.body["message"]
+    out = oai.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="auto")
+    assert out.choices[0].message.tool_calls[0].function.name == "add"
+
+
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTOOLS {{ tools | map(attribute='function.name') | join(',') }}<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}CALL {{ c.function.name }} {{ c.function.arguments.a }}{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""A template with tool support of its own: it reads each call's arguments as an object, as transformers' do."""
+
+
+def test_a_template_with_tool_support_renders_the_tools_itself():
+    from rlvr.engine.tiny import build_tiny_tokenizer
+    from rlvr.server.openai_wire import ChatRequest, chat_prompt
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = TOOL_TEMPLATE
+    req = ChatRequest.model_validate({"model": "tiny", "tools": TOOLS, "messages": [
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"}]})
+    text = tokenizer.decode(chat_prompt(req.messages, tokenizer, "tiny", req.tools))
+    assert text == ("<|im_start|>system\nTOOLS add,neg<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
+                    "<|im_start|>assistant\nCALL add 2<|im_end|>\n<|im_start|>tool\n5<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+
+
 # -- which weights ----------------------------------------------------------------------------------------------------
 
 def test_a_saved_sampler_checkpoint_is_listed_and_sampled_with_its_own_weights(oai, service, checkpoint):
@@ -211,10 +366,24 @@ BAD_REQUESTS = [
     ("/completions", {"prompt": []}, "prompt", "none empty"),
     ("/completions", {"prompt": "x", "stop": 5}, "stop", "valid string or Input should be a valid list"),
     ("/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
+    ("/completions", {"prompt": "x\ud800"}, "prompt", "surrogate"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]}, "messages", "surrogate"),
     ("/chat/completions", {"messages": []}, "messages", "at least 1 item"),
     ("/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages.0.content", "text parts only"),
-    ("/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ("/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}, "tools.0.function",
+     "tools.0.function is required"),
+    ("/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "a b"}}]},
+     "tools.0.function.name", "letters, digits, underscores or dashes"),
+    ("/chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice", 'supports "auto"'),
+    ("/chat/completions", {"messages": MESSAGES, "tool_choice": {"type": "function", "function": {"name": "add"}}},
+     "tool_choice", "constrained decoding"),
+    ("/chat/completions", {"messages": MESSAGES, "parallel_tool_calls": False}, "parallel_tool_calls",
+     "every tool call"),
+    ("/chat/completions", {"messages": MESSAGES, "functions": [{"name": "add"}]}, "functions", "offer them as tools"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}]},
+     "messages.0.tool_calls", "only assistant messages"),
     ("/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs", "needs logprobs=true"),
     ("/chat/completions", {"messages": MESSAGES, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
 ]
@@ -224,7 +393,9 @@ BAD_REQUESTS = [
                                                                                 in BAD_REQUESTS])
 def test_a_malformed_request_is_400_naming_the_field_and_the_next_request_succeeds(server, route, body, param, says):
     with _http(server) as http:
-        refused = http.post(route, json={"model": "tiny", **body})
+        # json.dumps writes a lone surrogate as the escape \ud800, where httpx's json= cannot encode it at all
+        refused = http.post(route, content=json.dumps({"model": "tiny", **body}),
+                            headers={"Content-Type": "application/json"})
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]
         assert error["param"] == param and error["type"] == "invalid_request_error" and says in error["message"]

@@ -1,6 +1,7 @@
 """Prime Intellect's ``verifiers`` environments as an rlvr env dataset: the environment plays its own rollouts
-(single-turn, multi-turn, its own ``env_response``), sampling through rlvr's OpenAI-compatible endpoint in this
-process, its rubric gives the reward, and the tokens the endpoint sampled become the datums the loop trains on.
+(single-turn, multi-turn, tool calls, its own ``env_response``), sampling through rlvr's OpenAI-compatible endpoint
+in this process, its rubric gives the reward, and the tokens the endpoint sampled become the datums the loop trains
+on.
 
     env = load_verifiers_env("my_env")                 # a module with load_environment(), or a vf.Environment
     dataset = VerifiersDataset(env, tokenizer, groups_per_batch=2, group_size=4)
@@ -12,15 +13,23 @@ which verifiers keeps per turn, so each turn becomes a ``Transition`` of exactly
 tokens it sampled (nothing is re-tokenised). The rubric's reward goes on a trajectory's last turn, and each reward
 function's value is logged as ``env/all/rubric/<name>``.
 
+Tool environments (``vf.ToolEnv``) play the same way: the endpoint renders the env's ``tools`` and the conversation's
+tool calls and results into each prompt, and parses the calls out of the model's text (``rlvr.server.openai_tools``).
+A tool's result is part of the next turn's prompt, so it is observation, as the prompt is: only the tokens the model
+sampled carry weight and logprobs. Where the chat template writes a call back exactly as the model wrote it, a
+trajectory is one datum; where not (other spacing in the JSON), the next turn starts a datum of its own, which trains
+the same tokens.
+
 A reward function that raises or outlasts ``reward_timeout`` would be a quiet 0.0 in verifiers (its rubric logs and
 goes on); here it is a failed reward: the trajectory's reward is NaN, its group is not trained on, and the failure
 is counted (``env/all/reward/errors:sum``, ``by_group/frac_failed``) and named in the rollout log. A synchronous
 function that hangs is left running in a daemon thread; an ``async`` one that blocks the event loop cannot be cut.
 
-What is covered: the classic verifiers API (``Environment``, ``SingleTurnEnv``, ``MultiTurnEnv``, ``Rubric``) of
-releases 0.3.x, text chat. What is not: tool calls (rlvr's endpoint refuses ``tools``, so a ``ToolEnv`` with tools
-fails loudly on its first request), the ``verifiers.v1`` stack of 0.4 (tasksets and harnesses run as ``uv`` scripts
-in subprocesses and reach the model over HTTP), held-out evaluation of the env's ``eval_dataset``.
+What is covered: the classic verifiers API (``Environment``, ``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``,
+``Rubric``) of releases 0.3.x, text chat, tool calls. What is not: what rlvr's endpoint refuses (``tool_choice`` other
+than ``"auto"`` or ``"none"``, a tool name OpenAI would not take: the run stops on the first such request, naming
+it), the ``verifiers.v1`` stack of 0.4 (tasksets and harnesses run as ``uv`` scripts in subprocesses and reach the
+model over HTTP), held-out evaluation of the env's ``eval_dataset``.
 
 Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which DESIGN.md's arrows allow (``rl/`` must
 not import torch or ``rlvr.engine``); it does so inside functions, so importing ``rlvr.rl`` never needs fastapi.

@@ -18,13 +18,21 @@ leaves out) and the response ``prompt_token_ids`` (per choice in completions), a
 ``return_tokens_as_token_ids: true`` (vLLM's extra) renders logprob tokens as ``token_id:<id>``. Logprobs are under
 the model at temperature 1 (vLLM's ``raw_logprobs``), the same numbers a training client's forward gives.
 
-What is not: tools and function calls, response formats, logit bias, presence/frequency/repetition penalties,
-``best_of``, ``echo``, ``suffix``, images and audio (each is a 400 naming the field); token-by-token streaming (the
-engine returns a sample whole, so a stream carries each choice in one chunk once it is done); the embeddings,
-responses and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
+Tools (chat): ``tools`` (OpenAI function schemas), ``tool_choice`` ``"auto"`` (the default) or ``"none"``, assistant
+messages with ``tool_calls`` and ``tool`` messages. The model's chat template renders them, or rlvr's fallback where
+it cannot; a reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` become its ``tool_calls`` (then
+``finish_reason`` is ``"tool_calls"``), streamed or not; text that is not a well-formed call stays content
+(``openai_tools.py``). ``token_ids`` and logprobs still cover every sampled token, the calls' included.
+
+What is not: ``tool_choice`` ``"required"`` or a named function, ``parallel_tool_calls: false``, the legacy
+``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``, ``echo``,
+``suffix``, images and audio (each is a 400 naming the field); token-by-token streaming (the engine returns a sample
+whole, so a stream carries each choice in one chunk once it is done, its tool calls whole); the embeddings, responses
+and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
 400 for a malformed request (naming the field and the fix), 401 for a bad key (``auth.py``), 404 for an unknown model.
 
-Not here: request bodies, prompts and the error shape (``openai_wire.py``), the sampling itself
+Not here: request bodies, prompts and the error shape (``openai_wire.py``), rendering tools and parsing tool calls
+(``openai_tools.py``), the sampling itself
 (``rlvr.SamplingClient.sample``), which checkpoints exist and whose they are (``catalog.py``), the Tinker protocol
 (``app.py``).
 """
@@ -52,6 +60,7 @@ from rlvr.errors import RlvrError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.auth import BodyTooLarge
 from rlvr.server.catalog import Catalog
+from rlvr.server.openai_tools import parse_tool_calls
 from rlvr.server.openai_wire import ChatRequest, CompletionRequest, OpenAIError, SamplingRequest
 from rlvr.server.state import ServerState, UnknownId
 
@@ -198,6 +207,13 @@ class _Tokens:
         return {"tokens": texts, "token_logprobs": seq.logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
+def _delta(message: dict[str, Any]) -> dict[str, Any]:
+    """A whole message as one stream delta: its tool calls numbered, as deltas number them."""
+    if "tool_calls" not in message:
+        return message
+    return {**message, "tool_calls": [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]}
+
+
 def _usage(prompts: list[list[int]], responses: list[types.SampleResponse]) -> dict[str, int]:
     completion = sum(len(s.tokens) for r in responses for s in r.sequences)
     prompt = sum(len(p) for p in prompts)
@@ -278,22 +294,26 @@ def openai_routes(state: ServerState, catalog: Catalog,
             raise OpenAIError(400, "top_logprobs needs logprobs=true; set both", "top_logprobs")
         client = await models.client(req.model, owner(request))
         tokenizer = client.get_tokenizer()
-        prompt = bodies.chat_prompt(req.messages, tokenizer, req.model)
+        prompt = bodies.chat_prompt(req.messages, tokenizer, req.model, req.tools)
         top = req.top_logprobs if req.logprobs else 0
         response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top)
         show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
-        choices = [{"index": i, "message": {"role": "assistant", "content": _choice_text(tokenizer, seq.tokens,
-                                                                                          req.stop)},
-                    "finish_reason": seq.stop_reason, "logprobs": show.chat(seq) if req.logprobs else None,
-                    "token_ids": seq.tokens}
-                   for i, seq in enumerate(response.sequences)]
+        names = req.tool_names()
+        choices = []
+        for i, seq in enumerate(response.sequences):
+            text = _choice_text(tokenizer, seq.tokens, req.stop)
+            content, calls = parse_tool_calls(text, names, [prompt, seq.tokens, i]) if names else (text, [])
+            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+            choices.append({"index": i, "message": message, "finish_reason": "tool_calls" if calls
+                            else seq.stop_reason, "logprobs": show.chat(seq) if req.logprobs else None,
+                            "token_ids": seq.tokens})
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model}
         usage = _usage([prompt], [response])
         if not req.stream:
             return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage,
                                  "prompt_token_ids": prompt})
         chunks = [{**head, "object": "chat.completion.chunk",
-                   "choices": [{**{k: v for k, v in c.items() if k != "message"}, "delta": c["message"]}]}
+                   "choices": [{**{k: v for k, v in c.items() if k != "message"}, "delta": _delta(c["message"])}]}
                   for c in choices]
         chunks[0]["prompt_token_ids"] = prompt
         if req.stream_options.get("include_usage"):

@@ -1,21 +1,25 @@
 """OpenAI request bodies for the ``/v1`` routes (``openai.py``): what each endpoint takes, the fields refused by
-name, prompts as token ids (text, token ids, or a chat through the model's chat template), and errors in OpenAI's
-shape, ``{"error": {"message", "type", "param", "code"}}``, each naming the field and the fix.
+name, prompts as token ids (text, token ids, or a chat and its tools through the model's chat template), and errors
+in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, each naming the field and the fix.
 
 Fields sent as ``null`` count as not sent. Fields in neither ``REFUSED`` nor the request models are ignored, as vLLM
 ignores them (``user``, ``metadata``, ``store``...).
 
-Not here: routes, which weights serve a request, responses (``openai.py``); the Tinker protocol's bodies
-(``wire.py``).
+Not here: routes, which weights serve a request, responses (``openai.py``); how tools are rendered and tool calls
+parsed (``openai_tools.py``); the Tinker protocol's bodies (``wire.py``).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import pydantic
 from fastapi import Request
+
+from rlvr.server.openai_tools import render_prompt
 
 __all__ = ["MAX_TOP_LOGPROBS", "REFUSED", "ChatRequest", "CompletionRequest", "OpenAIError", "SamplingRequest",
            "chat_prompt", "error_body", "parse", "prompts"]
@@ -24,10 +28,9 @@ MAX_TOP_LOGPROBS = 20
 """The most alternatives ``top_logprobs`` (chat) or ``logprobs`` (completions) may ask for, as vLLM's default."""
 
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": ((None, []), "rlvr samples text; it does not parse tool calls"),
-    "tool_choice": ((None, "none", "auto"), "rlvr samples text; it does not parse tool calls"),
-    "functions": ((None, []), "rlvr samples text; it does not parse function calls"),
-    "function_call": ((None, "none", "auto"), "rlvr samples text; it does not parse function calls"),
+    "functions": ((None, []), "the legacy functions API is not served; offer them as tools"),
+    "function_call": ((None, "none", "auto"), "the legacy functions API is not served; use tools and tool_choice"),
+    "parallel_tool_calls": ((None, True), "rlvr returns every tool call a reply holds"),
     "response_format": ((None, {"type": "text"}), "rlvr does not constrain the output format"),
     "logit_bias": ((None, {}), "the sampler has no logit bias"),
     "presence_penalty": ((None, 0), "the sampler has no penalties"),
@@ -115,12 +118,56 @@ class CompletionRequest(SamplingRequest):
         return prompt
 
 
+class _Function(pydantic.BaseModel):
+    """A function a request offers (OpenAI's ``FunctionDefinition``)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @pydantic.field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise ValueError("a function name is 1 to 64 letters, digits, underscores or dashes, as OpenAI's; "
+                             "rename the function")
+        return name
+
+
+class _Tool(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: _Function
+
+
+class _CalledFunction(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class _ToolCall(pydantic.BaseModel):
+    """A tool call of an earlier assistant turn, as the endpoint returned it."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: _CalledFunction
+
+
 class _Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")
 
     role: str
     content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatRequest(SamplingRequest):
@@ -128,6 +175,21 @@ class ChatRequest(SamplingRequest):
     max_completion_tokens: int | None = pydantic.Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int = pydantic.Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[_Tool] = []
+    tool_choice: str = "auto"
+
+    @pydantic.field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice(cls, choice: Any) -> str:
+        if choice not in ("auto", "none"):
+            raise ValueError('rlvr supports "auto" (parse the tool calls a reply holds) and "none" (never parse); '
+                             '"required" and naming a function would need constrained decoding, which rlvr does '
+                             "not do, so send one of those two or leave it unset")
+        return choice
+
+    def tool_names(self) -> set[str]:
+        """The functions a reply's tool calls may name: none when ``tool_choice`` is ``"none"``."""
+        return {t.function.name for t in self.tools} if self.tool_choice == "auto" else set()
 
 
 async def parse(model: type[pydantic.BaseModel], request: Request) -> Any:
@@ -174,18 +236,32 @@ def prompts(prompt: str | list[str] | list[int] | list[list[int]], tokenizer: An
         prompt = [prompt]
     if isinstance(prompt[0], int):
         return [list(prompt)]  # type: ignore[arg-type]
-    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]  # type: ignore[union-attr]
+    return [_encode(tokenizer, p, "prompt", True) if isinstance(p, str) else list(p)  # type: ignore[union-attr]
+            for p in prompt]
 
 
-def chat_prompt(messages: list[_Message], tokenizer: Any, model: str) -> list[int]:
+def _encode(tokenizer: Any, text: str, param: str, add_special_tokens: bool, where: str | None = None) -> list[int]:
+    """``text``'s token ids; a 400 naming ``param`` (``where`` the text came from, if more) when it holds a lone
+    surrogate (JSON's ``\\ud800``), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise OpenAIError(400, f"{where or param} holds {text[exc.start:exc.end]!r}, half of a UTF-16 surrogate "
+                               "pair, which is not text; send valid Unicode", param) from None
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def chat_prompt(messages: list[_Message], tokenizer: Any, model: str, tools: Sequence[_Tool] = ()) -> list[int]:
+    """The token ids of ``messages`` offering ``tools``, through the model's chat template (``openai_tools``
+    renders the tools, tool calls and tool results), ready for the assistant's turn."""
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, f"model {model!r} has no chat template; render the prompt yourself and use "
                                "/v1/completions", "model")
     rendered = []
     for i, message in enumerate(messages):
-        if message.tool_calls:
-            raise OpenAIError(400, f"messages[{i}].tool_calls: rlvr does not parse tool calls; send text content",
-                              f"messages.{i}.tool_calls")
+        if message.tool_calls and message.role != "assistant":
+            raise OpenAIError(400, f"messages[{i}] is a {message.role!r} message with tool_calls; only assistant "
+                                   "messages carry them", f"messages.{i}.tool_calls")
         content = message.content
         if isinstance(content, list):
             kinds = [p.get("type") for p in content]
@@ -194,9 +270,14 @@ def chat_prompt(messages: list[_Message], tokenizer: Any, model: str) -> list[in
                                        "part; rlvr serves text models, so send text parts only",
                                   f"messages.{i}.content")
             content = "".join(str(p.get("text", "")) for p in content)
-        rendered.append({"role": message.role, "content": content or ""})
+        entry: dict[str, Any] = {"role": message.role, "content": content or ""}
+        if message.tool_calls:
+            entry["tool_calls"] = [c.model_dump(exclude_none=True) for c in message.tool_calls]
+        if message.tool_call_id is not None:
+            entry["tool_call_id"] = message.tool_call_id
+        rendered.append(entry)
     try:
-        text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+        text = render_prompt(rendered, [t.model_dump(exclude_none=True) for t in tools], tokenizer)
     except Exception as exc:  # the template's own checks (role order, missing fields) raise jinja errors
         raise OpenAIError(400, f"messages do not fit model {model!r}'s chat template: {exc}", "messages") from exc
-    return tokenizer.encode(text, add_special_tokens=False)
+    return _encode(tokenizer, text, "messages", False, where="messages (or the tools' schemas)" if tools else None)
