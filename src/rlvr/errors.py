@@ -31,6 +31,10 @@ class ConfigurationError(RlvrError, ValueError):
     """A setting or argument that cannot work; the message names the field, the value and the fix."""
 
 
+class ContextFullError(ConfigurationError):
+    """A prompt fills the model's whole context: no token is left to sample."""
+
+
 class UnknownLossError(ConfigurationError, KeyError):
     """A ``loss_fn`` name that is not in ``rlvr.engine.losses.LOSSES``."""
 

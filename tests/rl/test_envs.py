@@ -8,7 +8,7 @@ import torch
 
 from rlvr import types
 from rlvr.engine.tiny import build_tiny_tokenizer
-from rlvr.errors import ConfigurationError, RewardError
+from rlvr.errors import ConfigurationError, ContextFullError, RewardError
 from rlvr.rl.advantages import group_advantages
 from rlvr.rl.datums import rl_datum
 from rlvr.rl.envs import (
@@ -187,6 +187,37 @@ def test_turn_limit_and_bad_envs_are_reported(service):
 
     with pytest.raises(ConfigurationError, match="1 rewards for 2 trajectories"):
         rollout_groups(sampler, [Lopsided(tokenizer, "Q:", 2)], PARAMS)
+
+
+class Chatty(Refine):
+    """Replies with 600 filler tokens each turn until turn 5: the conversation outgrows tiny's 1024-token context
+    before the game ends."""
+
+    def step(self, action):
+        self.turn += 1
+        self.seen = getattr(self, "seen", self.initial_observation()) + action + [5] * 600
+        return StepResult(reward=0.1, done=self.turn == 5, next_observation=self.seen)
+
+
+class ChattyGroup(RefineGroup):
+    def make_envs(self):
+        return [Chatty(self.tokenizer, self.prompt) for _ in range(self.size)]
+
+
+def test_a_conversation_that_fills_the_context_ends_its_episode_not_the_run(service):
+    """Nothing a model or an env writes may end a run: the turn whose prompt no longer fits is not played, the
+    episode ends unfinished with the turns it had, and the other groups play on. A first observation that alone
+    fills the context is a setting to fix: an error naming it."""
+    tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=4)
+    tokenizer = tc.get_tokenizer()
+    sampler = tc.save_weights_and_get_sampling_client()
+    long, short = rollout_groups(sampler, [ChattyGroup(tokenizer, "Q:", 2), RefineGroup(tokenizer, "Q:", 2)],
+                                 PARAMS, max_turns=8, seed=0)
+    assert [len(t.transitions) for t in long.trajectories] == [2, 2]  # turn 3's prompt: 1200+ tokens
+    assert not any(t.finished for t in long.trajectories) and long.total_rewards() == [0.2, 0.2]
+    assert all(t.finished and len(t.transitions) == 2 for t in short.trajectories)
+    with pytest.raises(ContextFullError, match="fills the model's context of 1024"):
+        rollout_groups(sampler, [RefineGroup(tokenizer, "Q" * 1100, 1)], PARAMS)
 
 
 class Echo(ProblemSource):

@@ -30,7 +30,7 @@ from tinker import types
 
 from rlvr.engine.device import model_device, paths_of
 from rlvr.engine.kv_cache import GrowingCache, cache_kwargs, returned_cache
-from rlvr.errors import ConfigurationError
+from rlvr.errors import ConfigurationError, ContextFullError
 
 
 @dataclass
@@ -71,7 +71,7 @@ def resolve_params(
         raise ConfigurationError(f"SamplingParams.top_k must be -1 (no limit) or >= 1, got {params.top_k}")
     room = context_len - prompt_len
     if room <= 0:
-        raise ConfigurationError(f"the prompt has {prompt_len} tokens, which fills the model's context of "
+        raise ContextFullError(f"the prompt has {prompt_len} tokens, which fills the model's context of "
                                  f"{context_len}; shorten it")
     if params.max_tokens is not None and params.max_tokens < 1:
         raise ConfigurationError(f"SamplingParams.max_tokens must be >= 1, got {params.max_tokens}")

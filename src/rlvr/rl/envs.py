@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr import types
-from rlvr.errors import ConfigurationError, RewardError
+from rlvr.errors import ConfigurationError, ContextFullError, RewardError
 from rlvr.rl.advantages import entropy_shaped
 from rlvr.rl.datums import masked_datum
 from rlvr.tasks.base import Problem, ProblemSource, render_messages
@@ -167,7 +167,8 @@ def sample_together(sampling_client: Any, requests: Sequence[tuple[types.ModelIn
 def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                    max_turns: int = 8, seed: int | None = None, timing: dict[str, float] | None = None
                    ) -> list[TrajectoryGroup]:
-    """Play every env of every builder to the end (or ``max_turns``), one sample per env per turn.
+    """Play every env of every builder to the end (or ``max_turns``, or until its conversation fills the model's
+    context), one sample per env per turn; an episode cut short is ``finished=False``.
 
     All envs still running take their turn together, so the sampler decodes them as one batch. Each request gets
     its own seed (drawn from ``seed``), so envs with the same observation still sample independently. ``timing``,
@@ -184,6 +185,7 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
     running = [(b, e) for b, group in enumerate(envs) for e in range(len(group))]
     observations = {key: list(envs[key[0]][key[1]].initial_observation()) for key in running}
     transitions: dict[tuple[int, int], list[Transition]] = {key: [] for key in running}
+    cut: set[tuple[int, int]] = set()
     for _ in range(max_turns):
         if not running:
             break
@@ -192,7 +194,13 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
             for key in running])
         still = []
         for key, future in zip(running, futures, strict=True):
-            sequence = future.result().sequences[0]
+            try:
+                sequence = future.result().sequences[0]
+            except ContextFullError:
+                if not transitions[key]:  # the env's first observation alone does not fit: a setting to fix
+                    raise
+                cut.add(key)  # the conversation has filled the context: the episode ends here, unfinished
+                continue
             started = time.perf_counter()
             env = envs[key[0]][key[1]]
             try:
@@ -214,7 +222,7 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
         running = still
     if timing is not None:
         timing["env"] = timing.get("env", 0.0) + env_seconds
-    unfinished = set(running)
+    unfinished = set(running) | cut
     groups = []
     for b, builder in enumerate(builders):
         trajectories = [Trajectory(transitions[b, e], finished=(b, e) not in unfinished) for e in range(len(envs[b]))]
