@@ -53,8 +53,9 @@ ANSWER = 3  # every local GSM8K problem's answer
 WARM_ROWS, WARM_STEPS, WARM_LR = 4, 20, 1e-2  # rl_loop's supervised warm start (``_warm_start``)
 DPO_PAIRS, DPO_STEPS, DPO_LR = 48, 6, 1e-2
 MIN_DPO_DROP = 0.05  # DPO loss (nats) and margin, first two steps against the last two
-DISTILL_STEPS, DISTILL_LR = 6, 5e-3
+DISTILL_STEPS, DISTILL_LR = 4, 1e-2
 MIN_KL_DROP = 0.3  # share of the first step's teacher_kl, first two steps against the last two
+GUESS_TURNS = 3  # guess_number's turns a game (10 in the recipe)
 RL_LOOP_STEPS, RL_LOOP_LR = 6, 1e-3
 MIN_REWARD_RISE = 0.2  # rl_loop's 0/1 reward, first two steps against the last two
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."  # rl_loop's question suffix
@@ -263,11 +264,38 @@ def test_on_policy_distillation_student_moves_to_the_base_model(recipes, tmp_pat
     log_path = tmp_path / "distillation"
     asyncio.run(distillation.cli_main(distillation.CLIConfig(
         model_name="tiny", teacher_model="tiny", renderer_name=RENDERER, load_checkpoint_path=student, lora_rank=8,
-        dataset="deepmath", group_size=4, groups_per_batch=4, learning_rate=DISTILL_LR, max_tokens=12,
+        dataset="deepmath", group_size=4, groups_per_batch=4, learning_rate=DISTILL_LR, max_tokens=10,
         eval_every=0, save_every=0, max_steps=DISTILL_STEPS, base_url=recipes.base_url, log_path=str(log_path),
         behavior_if_log_dir_exists="delete")))
     kl = _metric(log_path, "teacher_kl")
     assert len(kl) == DISTILL_STEPS and _rise(kl) < -MIN_KL_DROP * kl[0], f"teacher_kl did not fall: {kl}"
+
+
+def test_guess_number_multi_turn_game_runs(recipes, monkeypatch, tmp_path):
+    """``recipes/multiplayer_rl/guess_number``: a multi-turn game with no hub (the env answers "Too low" / "Too
+    high" / "Correct", or a format message and -1 for a reply that is not ``Guess: <n>``). Shortened to
+    ``GUESS_TURNS`` turns a game (the module's ``MAX_TURNS``; its 10 turns of failed-parse messages pass tiny's
+    1,024-token context) and run through its own ``build_config``, which has no ``base_url`` option (the SDK reads
+    ``TINKER_BASE_URL``). What it shows: every step logs, each game lasts its turns, and sampler and trainer agree
+    on every sampled token of the multi-turn trajectories (``kl_sample_train_v1`` ~ 0). Not shown: learning; a random
+    tiny model never writes ``Guess: <n>``, so every game scores ``-GUESS_TURNS`` and every group's advantages are
+    0."""
+    import asyncio
+
+    from tinker_cookbook.recipes.multiplayer_rl.guess_number import env as guess_env
+    from tinker_cookbook.recipes.multiplayer_rl.guess_number import train as guess
+
+    monkeypatch.setattr(guess_env, "MAX_TURNS", GUESS_TURNS)
+    monkeypatch.setenv("TINKER_BASE_URL", recipes.base_url)
+    log_path = tmp_path / "guess_number"
+    config = guess.build_config(guess.CLIConfig(
+        model_name="tiny", renderer_name=RENDERER, group_size=4, batch_size=1, learning_rate=1e-2, max_tokens=10,
+        eval_every=0, save_every=0, max_steps=RL_STEPS, log_path=str(log_path)))
+    asyncio.run(guess.train.main(config))
+    assert _metric(log_path, "env/all/turns_per_episode") == [GUESS_TURNS] * RL_STEPS
+    assert len(_metric(log_path, "env/all/reward/total")) == RL_STEPS
+    kl = _metric(log_path, "optim/kl_sample_train_v1")
+    assert len(kl) == RL_STEPS and max(abs(k) for k in kl) < MAX_KL, f"sampler and trainer disagree: {kl}"
 
 
 @pytest.mark.parametrize("off_policy", [None, 1], ids=["sync", "async_config"])
