@@ -7,20 +7,23 @@ What the recipes need from their surroundings, and what this file gives them:
   ``test_server_cookbook.py`` does) and picks a renderer from its registry of hub models (``model_info``), which does
   not list ``tiny``; ``role_colon``, the renderer for base models, is answered for ``tiny`` and every other name is
   left to the cookbook;
-* data sets: ``rl_loop`` and ``sl_loop`` call ``datasets.load_dataset("openai/gsm8k")`` /
-  ``("HuggingFaceH4/no_robots")`` with no option to read a file, so ``datasets.load_dataset`` answers those two names
-  from local rows (GSM8K-format problems written here; the cookbook's own ``example_data/conversations.jsonl``) and
-  passes every other name to the real function; ``sl_basic`` takes the same file through its own
-  ``FromConversationFileBuilder``;
+* data sets: ``rl_loop``, ``sl_loop``, the DPO recipe's ``hhh`` and the distillation recipe's ``deepmath`` call
+  ``load_dataset`` on hub names (``openai/gsm8k``, ``HuggingFaceH4/no_robots``, ``Anthropic/hh-rlhf``,
+  ``zwhe99/DeepMath-103K``) with no option to read a file, so ``datasets.load_dataset`` (and the name the
+  distillation datasets module imported) answers those names from local rows (GSM8K-format problems and preference
+  pairs written here; the cookbook's own ``example_data/conversations.jsonl``) and passes every other name to the
+  real function; ``sl_basic`` takes the same file through its own ``FromConversationFileBuilder``;
 * no price list from the web (``fetch_model_pricing``), and the root logger's handlers back after each run.
 
-What each test shows: the supervised recipes' train NLL falls. The RL recipes (``rl_loop`` and ``rl_basic`` on
-GSM8K-format rows, ``math_rl``'s arithmetic synchronously and with ``async_config``) run end to end with their
-default losses, log every step, and the sampler and trainer agree on every sampled token (``kl_sample_train``);
-their rewards stay flat: GSM8K's 0/1 reward needs a ``\\boxed{...}`` answer that a random 330k-parameter model
-never writes, and it cannot add, so that these recipes raise a reward is not shown here (the losses are checked
-number for number in ``test_server_sdk.py``, and the cookbook's ``rl.train`` raises a shaped reward in
-``test_server_cookbook.py``). ``rl_numerics_check`` needs SmolLM2 (``slow``).
+What each test shows: the supervised recipes' train NLL falls. ``rl_loop`` with its default loss resumes from a
+supervised warm start left in its log folder (``_warm_start``) and its 0/1 reward rises. The DPO recipe's loss falls
+and its margin rises on local hh-rlhf-format pairs. On-policy distillation (teacher: base ``tiny``; student: a LoRA
+that starts elsewhere) brings the student's reverse KL to the teacher down. ``rl_basic``, ``math_rl``'s arithmetic
+(synchronously and with ``async_config``) and ``guess_number`` (a multi-turn game) run end to end from a random
+model, log every step, and the sampler and trainer agree on every sampled token (``kl_sample_train``); their rewards
+stay flat (GSM8K's reward needs a ``\\boxed{...}`` answer that a random 330k-parameter model never writes, it cannot
+add, and it never writes ``Guess: <n>``). ``rl_numerics_check`` needs SmolLM2 (``slow``). Each check that a number
+moves fails at learning rate 0 (measured; see ``docs/server.md``).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ GUESS_TURNS = 3  # guess_number's turns a game (10 in the recipe)
 RL_LOOP_STEPS, RL_LOOP_LR = 6, 1e-3
 MIN_REWARD_RISE = 0.2  # rl_loop's 0/1 reward, first two steps against the last two
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."  # rl_loop's question suffix
-FEWSHOT = [  # rl_loop's few-shot prefix, so that the warm start sees the prompts the recipe renders
+FEWSHOT = [  # rl_loop's few-shot prefix, so that its warm start sees the prompts the recipe renders
     {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
     {"role": "assistant", "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
      "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}"},
