@@ -7,20 +7,23 @@ What the recipes need from their surroundings, and what this file gives them:
   ``test_server_cookbook.py`` does) and picks a renderer from its registry of hub models (``model_info``), which does
   not list ``tiny``; ``role_colon``, the renderer for base models, is answered for ``tiny`` and every other name is
   left to the cookbook;
-* data sets: ``rl_loop`` and ``sl_loop`` call ``datasets.load_dataset("openai/gsm8k")`` /
-  ``("HuggingFaceH4/no_robots")`` with no option to read a file, so ``datasets.load_dataset`` answers those two names
-  from local rows (GSM8K-format problems written here; the cookbook's own ``example_data/conversations.jsonl``) and
-  passes every other name to the real function; ``sl_basic`` takes the same file through its own
-  ``FromConversationFileBuilder``;
+* data sets: ``rl_loop``, ``sl_loop``, the DPO recipe's ``hhh`` and the distillation recipe's ``deepmath`` call
+  ``load_dataset`` on hub names (``openai/gsm8k``, ``HuggingFaceH4/no_robots``, ``Anthropic/hh-rlhf``,
+  ``zwhe99/DeepMath-103K``) with no option to read a file, so ``datasets.load_dataset`` (and the name the
+  distillation datasets module imported) answers those names from local rows (GSM8K-format problems and preference
+  pairs written here; the cookbook's own ``example_data/conversations.jsonl``) and passes every other name to the
+  real function; ``sl_basic`` takes the same file through its own ``FromConversationFileBuilder``;
 * no price list from the web (``fetch_model_pricing``), and the root logger's handlers back after each run.
 
-What each test shows: the supervised recipes' train NLL falls. The RL recipes (``rl_loop`` and ``rl_basic`` on
-GSM8K-format rows, ``math_rl``'s arithmetic synchronously and with ``async_config``) run end to end with their
-default losses, log every step, and the sampler and trainer agree on every sampled token (``kl_sample_train``);
-their rewards stay flat: GSM8K's 0/1 reward needs a ``\\boxed{...}`` answer that a random 330k-parameter model
-never writes, and it cannot add, so that these recipes raise a reward is not shown here (the losses are checked
-number for number in ``test_server_sdk.py``, and the cookbook's ``rl.train`` raises a shaped reward in
-``test_server_cookbook.py``). ``rl_numerics_check`` needs SmolLM2 (``slow``).
+What each test shows: the supervised recipes' train NLL falls. ``rl_loop`` with its default loss resumes from a
+supervised warm start left in its log folder (``_warm_start``) and its 0/1 reward rises. The DPO recipe's loss falls
+and its margin rises on local hh-rlhf-format pairs. On-policy distillation (teacher: base ``tiny``; student: a LoRA
+that starts elsewhere) brings the student's reverse KL to the teacher down. ``rl_basic``, ``math_rl``'s arithmetic
+(synchronously and with ``async_config``) and ``guess_number`` (a multi-turn game) run end to end from a random
+model, log every step, and the sampler and trainer agree on every sampled token (``kl_sample_train``); their rewards
+stay flat (GSM8K's reward needs a ``\\boxed{...}`` answer that a random 330k-parameter model never writes, it cannot
+add, and it never writes ``Guess: <n>``). ``rl_numerics_check`` needs SmolLM2 (``slow``). Each check that a number
+moves fails at learning rate 0 (measured; see ``docs/server.md``).
 """
 
 from __future__ import annotations
@@ -50,8 +53,16 @@ RL_STEPS = 3
 TOOL_RENDERER = "qwen3_instruct"
 MAX_KL = 1e-3  # sampler against trainer logprobs of the same tokens under the same weights (float32 on tiny: ~1e-7)
 ANSWER = 3  # every local GSM8K problem's answer
+WARM_ROWS, WARM_STEPS, WARM_LR = 4, 20, 1e-2  # rl_loop's supervised warm start (``_warm_start``)
+DPO_PAIRS, DPO_STEPS, DPO_LR = 48, 6, 1e-2
+MIN_DPO_DROP = 0.05  # DPO loss (nats) and margin, first two steps against the last two
+DISTILL_STEPS, DISTILL_LR = 4, 1e-2
+MIN_KL_DROP = 0.3  # share of the first step's teacher_kl, first two steps against the last two
+GUESS_TURNS = 3  # guess_number's turns a game (10 in the recipe)
+RL_LOOP_STEPS, RL_LOOP_LR = 6, 1e-3
+MIN_REWARD_RISE = 0.2  # rl_loop's 0/1 reward, first two steps against the last two
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."  # rl_loop's question suffix
-FEWSHOT = [  # rl_loop's few-shot prefix, so that the warm start sees the prompts the recipe renders
+FEWSHOT = [  # rl_loop's few-shot prefix, so that its warm start sees the prompts the recipe renders
     {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
     {"role": "assistant", "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
      "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}"},
@@ -64,6 +75,13 @@ def _gsm8k_rows(n: int) -> list[dict[str, str]]:
              "answer": f"{i} - {i - ANSWER} = {ANSWER}\n#### {ANSWER}"} for i in range(ANSWER + 1, ANSWER + 1 + n)]
 
 
+def _preference_pairs(n: int) -> list[dict[str, str]]:
+    """hh-rlhf-format pairs (``chosen`` / ``rejected`` transcripts that differ in the last reply only)."""
+    return [{"chosen": f"\n\nHuman: What colour is the sky on day {i}?\n\nAssistant: The sky is blue.",
+             "rejected": f"\n\nHuman: What colour is the sky on day {i}?\n\nAssistant: It is green, I think."}
+            for i in range(n)]
+
+
 @pytest.fixture
 def recipes(server, monkeypatch, tmp_path, root_logging_kept):
     """The surroundings a cookbook recipe needs (see the module docstring), set for one test and undone after it."""
@@ -74,6 +92,8 @@ def recipes(server, monkeypatch, tmp_path, root_logging_kept):
                         lambda name: RENDERER if name == "tiny" else recommended(name))
     files = {"openai/gsm8k": _gsm8k_rows(64),
              "HuggingFaceH4/no_robots": [json.loads(line) for line in CONVERSATIONS.read_text().splitlines()],
+             "Anthropic/hh-rlhf": _preference_pairs(DPO_PAIRS),
+             "zwhe99/DeepMath-103K": _gsm8k_rows(64),
              "Salesforce/wikitext": [{"text": f" The {word} of page {i} is the {word} of the book . "}
                                      for i in range(400) for word in ("time", "city", "world")]}
     load_dataset = datasets.load_dataset
@@ -87,6 +107,8 @@ def recipes(server, monkeypatch, tmp_path, root_logging_kept):
         return load_dataset(path, *args, **kwargs)
 
     monkeypatch.setattr(datasets, "load_dataset", local_load_dataset)
+    from tinker_cookbook.distillation import datasets as distillation_datasets  # imports the name itself
+    monkeypatch.setattr(distillation_datasets, "load_dataset", local_load_dataset)
     from tinker_cookbook.rl import train as rl_train
     from tinker_cookbook.supervised import train as sl_train
     for module in (rl_train, sl_train):  # they download a price list for their cost metrics
@@ -134,19 +156,57 @@ def test_sl_basic_on_a_local_conversation_file_train_nll_falls(recipes, tmp_path
     assert len(nll) == SL_STEPS and _rise(nll) < -MIN_NLL_DROP, f"sl_basic's train NLL did not fall: {nll}"
 
 
-def test_rl_loop_runs_end_to_end_with_its_default_loss(recipes, tmp_path):
-    """``recipes/rl_loop.py`` with its default loss (stable_reinforce) on local GSM8K-format problems: every step
-    samples and logs, and the final state and sampler checkpoints are written and load back through the server."""
+def _supervised_state(server, conversations: list[list[dict[str, str]]], name: str) -> str:
+    """A LoRA on ``tiny`` trained for ``WARM_STEPS`` cross-entropy steps on the last reply of each conversation,
+    saved through the server; its ``tinker://`` state path."""
+    import tinker
+    from tinker_cookbook import renderers
+    from tinker_cookbook.renderers import TrainOnWhat
+    from tinker_cookbook.supervised.data import conversation_to_datum
+
+    renderer = renderers.get_renderer(RENDERER, tokenizer_utils.get_tokenizer("tiny"))
+    datums = [conversation_to_datum(convo, renderer, None, TrainOnWhat.LAST_ASSISTANT_MESSAGE)
+              for convo in conversations]
+    service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
+    training = service.create_lora_training_client(base_model="tiny", rank=8).result()
+    for _ in range(WARM_STEPS):
+        training.forward_backward(datums, "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=WARM_LR))
+    return training.save_state(name).result().path
+
+
+def _warm_start(server, log_path: Path) -> None:
+    """A supervised warm start for ``rl_loop``, left where the recipe resumes from: ``_supervised_state`` on
+    rl_loop's own prompts (its few-shot prefix and question suffix) with replies alternating ``\\boxed{3}`` and
+    ``\\boxed{4}``, recorded in ``log_path/checkpoints.jsonl`` at batch 0. rl_loop has no option for a starting
+    checkpoint, but on start it resumes from the last state recorded in its log folder."""
+    state_path = _supervised_state(server, [
+        [*FEWSHOT, {"role": "user", "content": row["question"] + SUFFIX},
+         {"role": "assistant", "content": f"\\boxed{{{ANSWER + i % 2}}}"}]
+        for i, row in enumerate(_gsm8k_rows(WARM_ROWS))], "warm_start")
+    log_path.mkdir(parents=True)
+    (log_path / "checkpoints.jsonl").write_text(json.dumps({"name": "warm_start", "batch": 0,
+                                                            "state_path": state_path}) + "\n")
+
+
+def test_rl_loop_reward_rises_from_a_warm_start_with_its_default_loss(recipes, tmp_path):
+    """``recipes/rl_loop.py`` with its default loss (stable_reinforce) on local GSM8K-format problems, resumed from
+    a supervised warm start (``_warm_start``) that answers ``\\boxed{3}`` (right) or ``\\boxed{4}`` (wrong) about
+    equally often: the reward rises over a few steps (typically 0.4 -> 0.8), the final state and sampler checkpoints
+    are written and load back through the server. With ``learning_rate=0`` the reward stays near 0.5 and the same
+    assertion fails."""
     import tinker
     from tinker_cookbook.recipes import rl_loop
 
     log_path = tmp_path / "rl_loop"
-    config = rl_loop.Config(base_url=recipes.base_url, log_path=str(log_path), model_name="tiny", batch_size=2,
-                            group_size=4, learning_rate=1e-2, max_tokens=8, save_every=0, max_steps=2,
-                            ttl_seconds=None)
+    _warm_start(recipes, log_path)
+    config = rl_loop.Config(base_url=recipes.base_url, log_path=str(log_path), model_name="tiny", batch_size=4,
+                            group_size=8, learning_rate=RL_LOOP_LR, max_tokens=20, save_every=0,
+                            max_steps=RL_LOOP_STEPS, ttl_seconds=None)
     assert config.loss_fn == "stable_reinforce"  # the recipe's default, kept
     rl_loop.main(config)
-    assert _metric(log_path, "reward/total") == [0.0, 0.0]  # no \\boxed{} answers: see the module docstring
+    reward = _metric(log_path, "reward/total")
+    assert len(reward) == RL_LOOP_STEPS and _rise(reward) > MIN_REWARD_RISE, f"rl_loop's reward did not rise: {reward}"
     final = json.loads((log_path / "checkpoints.jsonl").read_text().splitlines()[-1])
     assert final["name"] == "final" and final["state_path"].startswith("tinker://"), final
     service = tinker.ServiceClient(base_url=recipes.base_url, api_key=recipes.api_key)
@@ -173,6 +233,72 @@ def test_rl_basic_runs_end_to_end(recipes, tmp_path):
     assert kl and max(abs(k) for k in kl) < MAX_KL, f"sampler and trainer disagree: kl_sample_train_v1 {kl}"
     final = json.loads((log_path / "checkpoints.jsonl").read_text().splitlines()[-1])
     assert final["name"] == "final" and final["state_path"].startswith("tinker://"), final
+
+
+def test_dpo_on_local_pairs_loss_falls_and_margin_rises(recipes, tmp_path):
+    """``recipes/preference/dpo/train.py`` with its ``hhh`` dataset (the local hh-rlhf-format pairs answer the hub
+    name): DPO through ``forward_backward_custom`` against a reference sampler of the initial weights. Its first step
+    sits at ``log 2`` (policy = reference); the DPO loss then falls and the chosen-over-rejected margin rises (with
+    ``learning_rate=0`` both stay put and the assertions fail)."""
+    from tinker_cookbook.recipes.preference.dpo import train as dpo
+
+    log_path = tmp_path / "dpo"
+    dpo.cli_main(dpo.CLIConfig(model_name="tiny", renderer_name=RENDERER, dataset="hhh", learning_rate=DPO_LR,
+                               batch_size=8, max_length=256, max_steps=DPO_STEPS, base_url=recipes.base_url,
+                               log_path=str(log_path), behavior_if_log_dir_exists="delete"))
+    loss, margin = _metric(log_path, "dpo_loss"), _metric(log_path, "margin")
+    assert len(loss) == DPO_STEPS and abs(loss[0] - np.log(2)) < 1e-4, f"DPO's first step is not at log 2: {loss}"
+    assert _rise(loss) < -MIN_DPO_DROP and _rise(margin) > MIN_DPO_DROP, f"DPO loss {loss}, margin {margin}"
+
+
+def test_on_policy_distillation_student_moves_to_the_base_model(recipes, tmp_path):
+    """``recipes/distillation/on_policy_distillation.py`` with teacher = the base ``tiny`` and student = a LoRA on it,
+    on its ``deepmath`` prompts (the local GSM8K-format questions answer the hub name). The student starts from its
+    own ``load_checkpoint_path``: a LoRA trained to answer every question ``\\boxed{4}`` (``_supervised_state``), so
+    it starts far from the teacher; the reverse KL to the teacher on the student's samples (``teacher_kl``, the
+    recipe's only training signal) falls. With ``learning_rate=0`` it stays put and the assertion fails."""
+    import asyncio
+
+    from tinker_cookbook.recipes.distillation import on_policy_distillation as distillation
+
+    student = _supervised_state(recipes, [[{"role": "user", "content": row["question"]},
+                                           {"role": "assistant", "content": f"\\boxed{{{ANSWER + 1}}}"}]
+                                          for row in _gsm8k_rows(WARM_ROWS)], "student")
+    log_path = tmp_path / "distillation"
+    asyncio.run(distillation.cli_main(distillation.CLIConfig(
+        model_name="tiny", teacher_model="tiny", renderer_name=RENDERER, load_checkpoint_path=student, lora_rank=8,
+        dataset="deepmath", group_size=4, groups_per_batch=4, learning_rate=DISTILL_LR, max_tokens=10,
+        eval_every=0, save_every=0, max_steps=DISTILL_STEPS, base_url=recipes.base_url, log_path=str(log_path),
+        behavior_if_log_dir_exists="delete")))
+    kl = _metric(log_path, "teacher_kl")
+    assert len(kl) == DISTILL_STEPS and _rise(kl) < -MIN_KL_DROP * kl[0], f"teacher_kl did not fall: {kl}"
+
+
+def test_guess_number_multi_turn_game_runs(recipes, monkeypatch, tmp_path):
+    """``recipes/multiplayer_rl/guess_number``: a multi-turn game with no hub (the env answers "Too low" / "Too
+    high" / "Correct", or a format message and -1 for a reply that is not ``Guess: <n>``). Shortened to
+    ``GUESS_TURNS`` turns a game (the module's ``MAX_TURNS``; its 10 turns of failed-parse messages pass tiny's
+    1,024-token context) and run through its own ``build_config``, which has no ``base_url`` option (the SDK reads
+    ``TINKER_BASE_URL``). What it shows: every step logs, each game lasts its turns, and sampler and trainer agree
+    on every sampled token of the multi-turn trajectories (``kl_sample_train_v1`` ~ 0). Not shown: learning; a random
+    tiny model never writes ``Guess: <n>``, so every game scores ``-GUESS_TURNS`` and every group's advantages are
+    0."""
+    import asyncio
+
+    from tinker_cookbook.recipes.multiplayer_rl.guess_number import env as guess_env
+    from tinker_cookbook.recipes.multiplayer_rl.guess_number import train as guess
+
+    monkeypatch.setattr(guess_env, "MAX_TURNS", GUESS_TURNS)
+    monkeypatch.setenv("TINKER_BASE_URL", recipes.base_url)
+    log_path = tmp_path / "guess_number"
+    config = guess.build_config(guess.CLIConfig(
+        model_name="tiny", renderer_name=RENDERER, group_size=4, batch_size=1, learning_rate=1e-2, max_tokens=10,
+        eval_every=0, save_every=0, max_steps=RL_STEPS, log_path=str(log_path)))
+    asyncio.run(guess.train.main(config))
+    assert _metric(log_path, "env/all/turns_per_episode") == [GUESS_TURNS] * RL_STEPS
+    assert len(_metric(log_path, "env/all/reward/total")) == RL_STEPS
+    kl = _metric(log_path, "optim/kl_sample_train_v1")
+    assert len(kl) == RL_STEPS and max(abs(k) for k in kl) < MAX_KL, f"sampler and trainer disagree: {kl}"
 
 
 @pytest.mark.parametrize("off_policy", [None, 1], ids=["sync", "async_config"])
