@@ -59,8 +59,8 @@ MIN_DPO_DROP = 0.05  # DPO loss (nats) and margin, first two steps against the l
 DISTILL_STEPS, DISTILL_LR = 6, 1e-2
 MIN_KL_DROP = 0.25  # share of the first step's teacher_kl, first two steps against the last two
 GUESS_TURNS = 3  # guess_number's turns a game (10 in the recipe)
-RL_LOOP_STEPS, RL_LOOP_LR = 6, 1e-3
-MIN_REWARD_RISE = 0.2  # rl_loop's 0/1 reward, first two steps against the last two
+RL_LOOP_STEPS, RL_LOOP_LR = 10, 1e-3
+MIN_REWARD_RISE = 0.2  # rl_loop's 0/1 reward, first three steps against the last three
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."  # rl_loop's question suffix
 FEWSHOT = [  # rl_loop's few-shot prefix, so that its warm start sees the prompts the recipe renders
     {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
@@ -192,7 +192,7 @@ def _warm_start(server, log_path: Path) -> None:
 def test_rl_loop_reward_rises_from_a_warm_start_with_its_default_loss(recipes, tmp_path):
     """``recipes/rl_loop.py`` with its default loss (stable_reinforce) on local GSM8K-format problems, resumed from
     a supervised warm start (``_warm_start``) that answers ``\\boxed{3}`` (right) or ``\\boxed{4}`` (wrong) about
-    equally often: the reward rises over a few steps (typically 0.4 -> 0.8), the final state and sampler checkpoints
+    equally often: the reward rises over ten steps (typically 0.45 -> 0.9), the final state and sampler checkpoints
     are written and load back through the server. With ``learning_rate=0`` the reward stays near 0.5 and the same
     assertion fails."""
     import tinker
@@ -206,7 +206,8 @@ def test_rl_loop_reward_rises_from_a_warm_start_with_its_default_loss(recipes, t
     assert config.loss_fn == "stable_reinforce"  # the recipe's default, kept
     rl_loop.main(config)
     reward = _metric(log_path, "reward/total")
-    assert len(reward) == RL_LOOP_STEPS and _rise(reward) > MIN_REWARD_RISE, f"rl_loop's reward did not rise: {reward}"
+    rise = _rise(reward, window=3)
+    assert len(reward) == RL_LOOP_STEPS and rise > MIN_REWARD_RISE, f"rl_loop's reward did not rise: {reward}"
     final = json.loads((log_path / "checkpoints.jsonl").read_text().splitlines()[-1])
     assert final["name"] == "final" and final["state_path"].startswith("tinker://"), final
     service = tinker.ServiceClient(base_url=recipes.base_url, api_key=recipes.api_key)
