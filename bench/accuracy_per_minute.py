@@ -36,13 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import load_average, machine, positive_int, progress_bar, write_json
 from bench.rl_step import (
-    MARK,
     Settings,
     emit,
     evaluate,
     lora_without_unembed,
     make_source,
     seed_list,
+    spawn,
     trl_trainer,
 )
 
@@ -132,35 +132,6 @@ def run_trl(settings: Settings, out: Path, budget: float) -> list[dict[str, Any]
 def worker(system: str, settings: Settings, out: Path, budget: float) -> None:
     snapshots = (run_rlvr if system == "rlvr" else run_trl)(settings, out, budget)
     emit("done", snapshots=snapshots)
-
-
-def spawn(system: str, settings: Settings, out: Path, budget: float, on_step: Any) -> list[dict[str, Any]]:
-    """One run in a fresh interpreter (its chatter in ``out/log.txt``); its snapshots."""
-    import os
-    import subprocess
-
-    out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--out", str(out),
-               "--budget", str(budget), "--settings", json.dumps(asdict(settings))]
-    done = None
-    with open(out / "log.txt", "w") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
-                                   env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-        assert process.stdout is not None
-        for line in process.stdout:
-            if not line.startswith(MARK):
-                log.write(line)
-                continue
-            message = json.loads(line[len(MARK):])
-            if message["kind"] == "step":
-                on_step(message)
-            else:
-                done = message
-        code = process.wait()
-    if code != 0 or done is None:
-        tail = "".join((out / "log.txt").read_text().splitlines(keepends=True)[-30:])
-        raise RuntimeError(f"the {system} run failed (exit {code}); last lines of {out / 'log.txt'}:\n{tail}")
-    return done["snapshots"]
 
 
 def at_mark(snapshots: list[dict[str, Any]], seconds: float) -> dict[str, Any] | None:
@@ -260,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                         bar.update(task, advance=advance, info=f"{name} step {message['step']} "
                                    f"({message['seconds']:.1f} s)")
 
-                    snapshots = spawn(system, replace(settings, seed=seed), root / name, args.budget, on_step)
+                    snapshots = spawn(system, replace(settings, seed=seed), root / name, False, on_step,
+                                      script=Path(__file__), extra=["--budget", str(args.budget)])["snapshots"]
                     bar.update(task, advance=args.budget - done[0])
                     runs.append({"system": system, "seed": seed, "name": name, "snapshots": snapshots})
         print("evaluating the snapshots at each mark (greedy, one evaluator)...", flush=True)

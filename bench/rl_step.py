@@ -73,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -339,12 +339,14 @@ def worker(system: str, settings: Settings, out: Path, profile: bool) -> None:
 
 # -- the parent: alternate runs, evaluate, report ---------------------------------------------------------------------
 
-def spawn(system: str, settings: Settings, out: Path, profile: bool, on_step: Callable[[dict], None]
-          ) -> dict[str, Any]:
-    """Run one training in a fresh interpreter; its chatter goes to ``out/log.txt``, its report comes back."""
+def spawn(system: str, settings: Settings, out: Path, profile: bool, on_step: Callable[[dict], None],
+          script: Path | None = None, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Run one training in a fresh interpreter: ``script`` (this file unless given) with ``--worker system`` and
+    ``extra`` arguments. Its chatter goes to ``out/log.txt``, each step's report to ``on_step``; its final report
+    comes back."""
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--out", str(out),
-               "--settings", json.dumps(asdict(settings))] + (["--profile"] if profile else [])
+    command = [sys.executable, str((script or Path(__file__)).resolve()), "--worker", system, "--out", str(out),
+               "--settings", json.dumps(asdict(settings)), *extra] + (["--profile"] if profile else [])
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     done: dict[str, Any] | None = None
     with open(out / "log.txt", "w") as log:

@@ -87,15 +87,28 @@ def test_reasoning_gym_recipe_builds_its_source_and_trains_two_steps_on_tiny(tmp
 
 
 def test_python_api_with_warm_up(tmp_path):
-    """rpn on tiny: the supervised warm-up lowers its loss, then RL starts from the warmed-up weights."""
+    """rpn on tiny: the supervised warm-up lowers its loss, then RL starts from the warmed-up weights. The summary's
+    baseline is the base model's held-out evaluation (before the warm-up), ``after_warmup`` the warmed-up model's:
+    each equals a separate ``evaluate`` of that model on the same problems."""
+    from rlvr.rl.checkpoints import WARMUP, last_checkpoint
+    from rlvr.rl.evaluation import evaluate
+
     run = tmp_path / "rpn"
-    result = rlvr.train({"recipe": "rpn", "steps": 1, "problems_per_step": 2, "group_size": 4, "eval_problems": 4,
-                         "rank": 16, "warmup": {"steps": 12, "batch_size": 8}, "out": str(run)})
+    settings = {"recipe": "rpn", "steps": 1, "problems_per_step": 2, "group_size": 4, "eval_problems": 8,
+                "rank": 16}
+    result = rlvr.train({**settings, "warmup": {"steps": 40, "batch_size": 8}, "out": str(run)})
     losses = [json.loads(line)["train/loss_per_token"] for line in (run / "warmup.jsonl").read_text().splitlines()]
-    assert len(losses) == 12 and losses[-1] < 0.5 * losses[0]
+    assert len(losses) == 40 and losses[-1] < 0.5 * losses[0]
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["start_from_checkpoint"]                       # RL began from the warm-up's state
-    assert result["summary"]["after"]["test/correct"] >= 0.0 and result["run_dir"] == str(run)
+    summary = result["summary"]
+    assert list(summary) == ["baseline", "after_warmup", "after"] and result["run_dir"] == str(run)
+    assert json.loads((run / "summary.json").read_text()) == summary
+    base = evaluate(settings)
+    warmed = evaluate(settings, checkpoint=last_checkpoint(run, WARMUP)["state_path"])
+    assert summary["baseline"]["test/reward/mean"] == pytest.approx(base["mean_reward"])
+    assert summary["after_warmup"]["test/reward/mean"] == pytest.approx(warmed["mean_reward"])
+    assert base["mean_reward"] != pytest.approx(warmed["mean_reward"])  # the two evaluations tell the models apart
 
 
 def test_resume_is_exported_and_continues_a_run_as_documented(tmp_path):

@@ -6,9 +6,10 @@
     rlvr.resume("runs/arithmetic-20261122-101500", overrides=["steps=40"])
 
 A run folder holds ``config.yaml`` (resolved), ``status.json`` (running / finished / failed, with the error),
-``metrics.jsonl``, ``checkpoints.jsonl``, ``summary.json`` (held-out baseline and after), ``curves.png`` and
-``rollouts/``. The console shows a progress bar (step, reward, accuracy, tokens/s, ETA) and ends with the table
-``Metric | Baseline | After | Improvement``.
+``metrics.jsonl``, ``checkpoints.jsonl``, ``summary.json`` (held-out evaluations of the base model, after the
+warm-up if there is one, and after RL), ``curves.png`` and ``rollouts/``. The console shows a progress bar (step,
+reward, accuracy, tokens/s, ETA) and ends with the table ``Metric | Baseline | [After warm-up |] After |
+Improvement``.
 
 What it is not: the loop itself (``rlvr.rl.loop``), evaluation of a saved model (``rlvr.rl.evaluation``), or
 argument parsing (``rlvr.cli``).
@@ -54,6 +55,12 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
     return result
 
 
+SUMMARY_ROWS = (("pass rate", "test/correct"), ("accuracy", "test/reward/correct/mean"),
+                ("mean reward", "test/reward/mean"))
+"""The summary's rows: full reward; the ``correct`` part of a format-and-correct reward (the final answer right,
+boxed or not); the mean reward."""
+
+
 def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any = None) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its last checkpoint (``steps=N`` in overrides trains further)."""
     run_dir = Path(run_dir)
@@ -94,11 +101,17 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dic
 
     summary = _summary(run_dir, result)
     table = Table(title=f"rlvr {config.recipe}: {config.base_model}, {config.steps} steps (held-out, greedy)")
-    for column in ("Metric", "Baseline", "After", "Improvement"):
+    stages = [("Baseline", "baseline"), ("After warm-up", "after_warmup"), ("After", "after")]
+    stages = [(title, key) for title, key in stages if key in summary]
+    for column in ("Metric", *(title for title, _ in stages), "Improvement"):
         table.add_column(column, justify="left" if column == "Metric" else "right")
-    for name, key in (("pass rate", "test/correct"), ("mean reward", "test/reward/mean")):
-        before, after = summary["baseline"].get(key), summary["after"].get(key)
-        table.add_row(name, _fmt(before), _fmt(after), _fmt(after - before, sign=True) if before is not None else "")
+    for name, key in SUMMARY_ROWS:
+        values = [summary[stage].get(key) for _, stage in stages]
+        if all(v is None for v in values):
+            continue
+        before, after = values[0], values[-1]
+        gain = _fmt(after - before, sign=True) if before is not None and after is not None else ""
+        table.add_row(name, *(_fmt(v) for v in values), gain)
     console.print(table)
     console.print(f"run folder: {run_dir}   curves: {result['plot']}")
     return {**result, "summary": summary, "run_dir": str(run_dir)}
@@ -145,6 +158,7 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
         training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
                                                               seed=config.seed)
         log.unlink(missing_ok=True)  # a warm-up starts the run: no earlier rows
+        _base_baseline(config, source, run_dir, console, training_client)
     else:
         training_client = service.create_training_client_from_state_with_optimizer(warmed["state_path"])
         if log.exists():
@@ -169,11 +183,43 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
     return last_checkpoint(run_dir, WARMUP)["state_path"]  # the step-`steps` one, recorded by the last on_step
 
 
+def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any, training_client: Any) -> None:
+    """The held-out evaluation of the base model, before a warm-up changes it (a fresh LoRA adds nothing), as the
+    run's ``baseline`` in ``summary.json``; the loop's own first evaluation becomes ``after_warmup``."""
+    from rlvr.rewards import RewardRunner
+    from rlvr.rl.rollouts import evaluate_problems
+
+    problems = source.problems(source.eval_split(), limit=config.eval_problems)
+    if not problems:
+        return
+    with console.status(f"evaluating the base model on {len(problems)} held-out problems"), \
+            RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
+        baseline = evaluate_problems(training_client.save_weights_and_get_sampling_client(),
+                                     training_client.get_tokenizer(), source, problems, runner, config.max_tokens)
+    write_atomic(run_dir / "summary.json", json.dumps({"baseline": baseline}, indent=2))
+    console.print(f"base model: {_accuracy_line(baseline)}")
+
+
 def _summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json``: ``baseline`` (held-out, before the run), ``after_warmup`` (runs with a warm-up: before RL)
+    and ``after``. A resumed run keeps the evaluations its earlier part made."""
+    from rlvr.rl.checkpoints import WARMUP, last_checkpoint
+
     previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    summary = {"baseline": result.get("before") or previous.get("baseline", {}), "after": result["after"]}
+    warmed = last_checkpoint(run_dir, WARMUP) is not None and "baseline" in previous
+    summary = {"baseline": previous.get("baseline", {})}
+    if warmed:
+        summary["after_warmup"] = result.get("before") or previous.get("after_warmup", {})
+    elif result.get("before"):
+        summary["baseline"] = result["before"]
+    summary["after"] = result["after"]
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _accuracy_line(metrics: dict[str, float]) -> str:
+    parts = [f"{name} {metrics[key]:.3f}" for name, key in SUMMARY_ROWS if key in metrics]
+    return ", ".join(parts)
 
 
 def _status(run_dir: Path, status: str, **extra: Any) -> None:
