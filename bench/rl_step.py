@@ -340,12 +340,12 @@ def worker(system: str, settings: Settings, out: Path, profile: bool) -> None:
 # -- the parent: alternate runs, evaluate, report ---------------------------------------------------------------------
 
 def spawn(system: str, settings: Settings, out: Path, profile: bool, on_step: Callable[[dict], None],
-          script: Path | None = None, extra: Sequence[str] = ()) -> dict[str, Any]:
-    """Run one training in a fresh interpreter: ``script`` (this file unless given) with ``--worker system`` and
+          script: Path = Path(__file__), extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Run one training in a fresh interpreter: ``script`` (this file by default) with ``--worker system`` and
     ``extra`` arguments. Its chatter goes to ``out/log.txt``, each step's report to ``on_step``; its final report
     comes back."""
     out.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str((script or Path(__file__)).resolve()), "--worker", system, "--out", str(out),
+    command = [sys.executable, str(script.resolve()), "--worker", system, "--out", str(out),
                "--settings", json.dumps(asdict(settings)), *extra] + (["--profile"] if profile else [])
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     done: dict[str, Any] | None = None
