@@ -56,8 +56,8 @@ ANSWER = 3  # every local GSM8K problem's answer
 WARM_ROWS, WARM_STEPS, WARM_LR = 4, 20, 1e-2  # rl_loop's supervised warm start (``_warm_start``)
 DPO_PAIRS, DPO_STEPS, DPO_LR = 48, 6, 1e-2
 MIN_DPO_DROP = 0.05  # DPO loss (nats) and margin, first two steps against the last two
-DISTILL_STEPS, DISTILL_LR = 6, 1e-2
-MIN_KL_DROP = 0.25  # share of the first step's teacher_kl, first two steps against the last two
+DISTILL_STEPS, DISTILL_LR, STUDENT_STEPS = 12, 5e-3, 10
+MAX_KL_LEFT = 0.5  # the last three steps' mean teacher_kl, as a share of the first step's
 GUESS_TURNS = 3  # guess_number's turns a game (10 in the recipe)
 RL_LOOP_STEPS, RL_LOOP_LR = 10, 1e-3
 MIN_REWARD_RISE = 0.2  # rl_loop's 0/1 reward, first three steps against the last three
@@ -156,8 +156,8 @@ def test_sl_basic_on_a_local_conversation_file_train_nll_falls(recipes, tmp_path
     assert len(nll) == SL_STEPS and _rise(nll) < -MIN_NLL_DROP, f"sl_basic's train NLL did not fall: {nll}"
 
 
-def _supervised_state(server, conversations: list[list[dict[str, str]]], name: str) -> str:
-    """A LoRA on ``tiny`` trained for ``WARM_STEPS`` cross-entropy steps on the last reply of each conversation,
+def _supervised_state(server, conversations: list[list[dict[str, str]]], name: str, steps: int = WARM_STEPS) -> str:
+    """A LoRA on ``tiny`` trained for ``steps`` cross-entropy steps on the last reply of each conversation,
     saved through the server; its ``tinker://`` state path."""
     import tinker
     from tinker_cookbook import renderers
@@ -169,7 +169,7 @@ def _supervised_state(server, conversations: list[list[dict[str, str]]], name: s
               for convo in conversations]
     service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
     training = service.create_lora_training_client(base_model="tiny", rank=8).result()
-    for _ in range(WARM_STEPS):
+    for _ in range(steps):
         training.forward_backward(datums, "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=WARM_LR))
     return training.save_state(name).result().path
@@ -257,14 +257,17 @@ def test_on_policy_distillation_student_moves_to_the_base_model(recipes, tmp_pat
     on its ``deepmath`` prompts (the local GSM8K-format questions answer the hub name). The student starts from its
     own ``load_checkpoint_path``: a LoRA trained to answer every question ``\\boxed{4}`` (``_supervised_state``), so
     it starts far from the teacher; the reverse KL to the teacher on the student's samples (``teacher_kl``, the
-    recipe's only training signal) falls. With ``learning_rate=0`` it stays put and the assertion fails."""
+    recipe's only training signal) falls, typically 5.6 -> 0.5-0.8 over 12 steps. Some runs sit near 4.5 for up to
+    five steps before they fall (a student sure of its samples has little gradient on them), so the check compares
+    the last three steps with the first, not the first steps with each other. With ``learning_rate=0`` it stays at
+    5.5-5.7 and the assertion fails."""
     import asyncio
 
     from tinker_cookbook.recipes.distillation import on_policy_distillation as distillation
 
     student = _supervised_state(recipes, [[{"role": "user", "content": row["question"]},
                                            {"role": "assistant", "content": f"\\boxed{{{ANSWER + 1}}}"}]
-                                          for row in _gsm8k_rows(WARM_ROWS)], "student")
+                                          for row in _gsm8k_rows(WARM_ROWS)], "student", STUDENT_STEPS)
     log_path = tmp_path / "distillation"
     asyncio.run(distillation.cli_main(distillation.CLIConfig(
         model_name="tiny", teacher_model="tiny", renderer_name=RENDERER, load_checkpoint_path=student, lora_rank=8,
@@ -272,7 +275,7 @@ def test_on_policy_distillation_student_moves_to_the_base_model(recipes, tmp_pat
         eval_every=0, save_every=0, max_steps=DISTILL_STEPS, base_url=recipes.base_url, log_path=str(log_path),
         behavior_if_log_dir_exists="delete")))
     kl = _metric(log_path, "teacher_kl")
-    assert len(kl) == DISTILL_STEPS and _rise(kl) < -MIN_KL_DROP * kl[0], f"teacher_kl did not fall: {kl}"
+    assert len(kl) == DISTILL_STEPS and np.mean(kl[-3:]) < MAX_KL_LEFT * kl[0], f"teacher_kl did not fall: {kl}"
 
 
 def test_guess_number_multi_turn_game_runs(recipes, monkeypatch, tmp_path):
