@@ -7,11 +7,16 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 _real_home = Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
 # The suite's process engine runs on the CPU even where a GPU is visible (the `gpu` tests build CUDA engines of their
 # own); RLVR_DEVICE set by the caller wins.
 os.environ.setdefault("RLVR_DEVICE", "cpu")
+# Engines share the cores with other rlvr processes (engine/cores.py), and a different thread count rounds sums
+# differently; the suite fixes torch's default count, so a child process started while this one was computing (the
+# determinism tests compare such runs bit for bit) computes exactly as it would alone.
+os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -37,10 +37,11 @@ from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 from rlvr.engine import checkpoint, packing
 from rlvr.engine.batch import CheckedDatum, check_data, model_input_tokens
+from rlvr.engine.cores import CoreShare, fixed_threads
 from rlvr.engine.device import GpuPaths, attention_implementation, resolve_device, resolve_precision, weight_dtype
 from rlvr.engine.lora import AdapterHost, LoraSpec
 from rlvr.engine.losses import resolve_loss
-from rlvr.engine.models import canonical_name, load_base_model
+from rlvr.engine.models import canonical_name, load_base_model, rlvr_home
 from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
 from rlvr.engine.packing import PackedRow
 from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
@@ -87,6 +88,19 @@ def fix_thread_counts() -> None:
         pass
 
 
+class _EngineThread(ThreadPoolExecutor):
+    """The engine's one worker thread; on a CPU engine every job runs on its share of the cores (``cores.py``)."""
+
+    def __init__(self, share: CoreShare | None) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="rlvr-engine")
+        self.share = share
+
+    def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
+        if self.share is None:
+            return super().submit(fn, *args, **kwargs)
+        return super().submit(self.share.run, fn, *args, **kwargs)
+
+
 @dataclass
 class SamplerHandle:
     """What a SamplingClient samples from: a base model and an adapter (None: the base model itself)."""
@@ -116,7 +130,9 @@ class Engine:
         self.gpu_paths = (gpu_paths or GpuPaths()) if self.device.type == "cuda" else gpu_paths
         self.precision = resolve_precision(precision, self.device, self.gpu_paths)
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-engine")
+        share = (CoreShare(rlvr_home() / "busy", torch.get_num_threads(), fixed_threads())
+                 if self.device.type == "cpu" else None)
+        self._executor = _EngineThread(share)
         self._samples = SampleQueue(self._executor, self._prompt_logprobs, max_sample_rows)
         self._rng_lock = threading.Lock()  # guards each SamplerHandle's rng (callers' threads draw request seeds)
         self._hosts: dict[str, AdapterHost] = {}

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from tinker import types
 
+from rlvr.engine import cores
 from rlvr.engine.device import model_device, paths_of
 from rlvr.engine.kv_cache import GrowingCache, cache_kwargs, returned_cache
 from rlvr.errors import ConfigurationError, ContextFullError
@@ -221,6 +222,7 @@ def sample_batch(
 
     results = [[Sequence_([], [], "length") for _ in range(job.num_samples)] for job in jobs]
     while row_job:
+        cores.tick()  # a long decode gives up threads to another rlvr process that starts computing
         chosen, chosen_logprobs = _choose(logits, row_job, jobs)
         keep = []
         for row, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
