@@ -1,5 +1,6 @@
 """Whole runs as `rlvr train` does them: recipes to problem sources, the warm-up, the Python API, pass@k."""
 
+import io
 import json
 from pathlib import Path
 
@@ -96,7 +97,16 @@ def test_python_api_with_warm_up(tmp_path):
     run = tmp_path / "rpn"
     settings = {"recipe": "rpn", "steps": 1, "problems_per_step": 2, "group_size": 4, "eval_problems": 8,
                 "rank": 16}
-    result = rlvr.train({**settings, "warmup": {"steps": 40, "batch_size": 8}, "out": str(run)})
+    from rich.console import Console
+
+    log = io.StringIO()  # a log file, not a terminal: the phases print lines
+    result = rlvr.train({**settings, "warmup": {"steps": 40, "batch_size": 8}, "out": str(run)},
+                        console=Console(file=log, width=200))
+    printed = log.getvalue().splitlines()
+    for start in ("evaluating the base model on 8 held-out problems ...", "warm-up step 0/40  ",
+                  "warm-up step 40/40  loss/token ", "step 0/1  evaluating the baseline", "step 1/1  reward "):
+        assert any(line.startswith(start) for line in printed), (start, printed)
+    assert "ETA 0:00" in next(line for line in printed if line.startswith("warm-up step 40/40"))
     losses = [json.loads(line)["train/loss_per_token"] for line in (run / "warmup.jsonl").read_text().splitlines()]
     assert len(losses) == 40 and losses[-1] < 0.5 * losses[0]
     saved = yaml.safe_load((run / "config.yaml").read_text())

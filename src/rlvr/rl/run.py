@@ -29,6 +29,7 @@ from rlvr.fileio import append_jsonl, write_atomic
 from rlvr.precision import base_precision
 from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config, save_config
 from rlvr.rl.evaluation import evaluate
+from rlvr.rl.progress import StepProgress, phase
 from rlvr.rl.recipes import build_source
 from rlvr.rl.sft import sft
 
@@ -74,7 +75,6 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any
 
 def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dict[str, Any]:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.table import Table
 
     from rlvr.rl.checkpoints import last_checkpoint
@@ -85,17 +85,14 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dic
                   f"-> {run_dir}")
     config = _after_warmup(config, source, run_dir, console)
 
-    columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[status]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("train", total=config.steps, status="evaluating the baseline")
-        if config.resume:
-            progress.update(task, completed=last_checkpoint(run_dir)["step"])
+    start = last_checkpoint(run_dir)["step"] if config.resume else 0
+    with StepProgress(console, "step", config.steps, start=start,
+                      status="evaluating the baseline" if not start else "") as progress:
 
         def on_step(step: int, m: dict[str, float]) -> None:
             status = (f"reward {m.get('env/all/reward/mean', float('nan')):.3f}  "
                       f"accuracy {m.get('env/all/correct', float('nan')):.3f}  {m.get('tokens_per_s', 0):.0f} tok/s")
-            progress.update(task, completed=step + 1, status=status)
+            progress.update(step + 1, status)
 
         result = loop(config, source, progress=on_step)
 
@@ -166,11 +163,10 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
     tokenizer = training_client.get_tokenizer()
     problems = source.problems("train")
     examples = [encode_pair(tokenizer, source.render_ids(p, tokenizer), source.demonstration(p)) for p in problems]
-    with console.status("supervised warm-up") as status:
+    with StepProgress(console, "warm-up step", steps, start=warmed["step"] if warmed else 0) as progress:
         def on_step(step: int, metrics: dict[str, float]) -> None:
             append_jsonl(log, {"step": step, **metrics})
-            status.update(f"supervised warm-up: step {step + 1}/{steps}, "
-                          f"loss/token {metrics['train/loss_per_token']:.3f}")
+            progress.update(step + 1, f"loss/token {metrics['train/loss_per_token']:.3f}")
             if (step + 1) % max(config.warmup.save_every, 1) == 0 or step + 1 == steps:
                 path = training_client.save_state(f"warmup-{step + 1:06d}").result().path
                 record_checkpoint(run_dir, {"step": step + 1, "state_path": path}, WARMUP)
@@ -192,7 +188,7 @@ def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any
     problems = source.problems(source.eval_split(), limit=config.eval_problems)
     if not problems:
         return
-    with console.status(f"evaluating the base model on {len(problems)} held-out problems"), \
+    with phase(console, f"evaluating the base model on {len(problems)} held-out problems"), \
             RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
         baseline = evaluate_problems(training_client.save_weights_and_get_sampling_client(),
                                      training_client.get_tokenizer(), source, problems, runner, config.max_tokens)

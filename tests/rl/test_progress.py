@@ -1,0 +1,78 @@
+"""rl/progress.py: off a terminal, a step phase prints its start, a line at least ``every_s`` apart and its last step,
+with seconds per step and ETA from the steps this process ran; on a terminal it draws a bar and prints no lines."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from rlvr.rl.progress import StepProgress, phase
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=terminal, width=200), out
+
+
+def test_off_a_terminal_lines_come_at_start_every_30_s_and_at_the_end_with_rate_and_eta():
+    console, out = _console(terminal=False)
+    clock = Clock()
+    with StepProgress(console, "warm-up step", 10, status="starting", clock=clock) as progress:
+        for step in range(10):
+            clock.now += 12.0  # a step takes 12 s
+            progress.update(step + 1, f"loss {step}")
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "warm-up step 0/10  starting  elapsed 0:00",
+        "warm-up step 3/10  loss 2  12.0 s/step  elapsed 0:36  ETA 1:24",   # 36 s after the last line
+        "warm-up step 6/10  loss 5  12.0 s/step  elapsed 1:12  ETA 0:48",
+        "warm-up step 9/10  loss 8  12.0 s/step  elapsed 1:48  ETA 0:12",
+        "warm-up step 10/10  loss 9  12.0 s/step  elapsed 2:00  ETA 0:00",  # the last step, whenever it comes
+    ]
+
+
+def test_a_resumed_phase_times_only_the_steps_this_process_ran():
+    console, out = _console(terminal=False)
+    clock = Clock()
+    with StepProgress(console, "step", 100, start=40, clock=clock, every_s=0) as progress:
+        clock.now += 3600 * 2 + 5
+        progress.update(50, "reward 0.5")
+    assert out.getvalue().splitlines()[-1] == "step 50/100  reward 0.5  720.5 s/step  elapsed 2:00:05  ETA 10:00:25"
+
+
+def test_on_a_terminal_a_bar_and_no_step_lines():
+    console, out = _console(terminal=True)
+    with StepProgress(console, "step", 3) as progress:
+        for step in range(3):
+            progress.update(step + 1, "reward 1.0")
+    assert "step 3/3" in out.getvalue() and "s/step" not in out.getvalue()
+
+
+def test_phase_off_a_terminal_says_when_it_starts_and_how_long_it_took():
+    console, out = _console(terminal=False)
+    clock = Clock()
+    with phase(console, "evaluating the base model on 300 held-out problems", clock=clock):
+        clock.now += 185
+    assert out.getvalue().splitlines() == ["evaluating the base model on 300 held-out problems ...",
+                                           "evaluating the base model on 300 held-out problems: done in 3:05"]
+
+
+def test_the_rate_leaves_out_an_evaluation_before_the_first_step():
+    console, out = _console(terminal=False)
+    clock = Clock()
+    with StepProgress(console, "step", 10, status="evaluating the baseline", clock=clock, every_s=0) as progress:
+        clock.now += 100.0  # a 90 s evaluation, then a 10 s step
+        progress.update(1, "a")
+        clock.now += 10.0
+        progress.update(2, "b")
+    assert out.getvalue().splitlines()[1:] == ["step 1/10  a  100.0 s/step  elapsed 1:40  ETA 15:00",
+                                               "step 2/10  b  10.0 s/step  elapsed 1:50  ETA 1:20"]
