@@ -71,6 +71,8 @@ def test_sft_then_train_from_its_checkpoint(tmp_path):
     out = invoke("sft", f"data={pairs}", "base_model=tiny", "steps=3", "batch_size=4", f"out={tmp_path / 'sft'}")
     path = out.split("saved: ")[1].split()[0]
     assert (tmp_path / "sft" / "checkpoints.jsonl").exists()
+    last = next(line for line in out.splitlines() if line.startswith("step 3/3  loss/token "))  # progress, off a tty
+    assert "s/step" in last and last.endswith("ETA 0:00")
     run = tmp_path / "rl"
     invoke("train", *[f"{k}={json.dumps(v)}" for k, v in {**SMALL, "steps": 1}.items()], f"out={run}",
            f"start_from_checkpoint={path}")

@@ -85,8 +85,11 @@ def sft(
     config: str = typer.Option(None, "--config", "-c", help="YAML config file."),
 ) -> None:
     """Supervised fine-tuning (cross_entropy) on a JSONL of prompt/completion pairs; prints the state path."""
+    from rich.console import Console
+
     from rlvr.errors import ConfigurationError
     from rlvr.rl.config import build_config, merge_layers, parse_overrides, read_config_file
+    from rlvr.rl.progress import StepProgress
     from rlvr.rl.sft import SftConfig
     from rlvr.rl.sft import sft as run
 
@@ -95,9 +98,9 @@ def sft(
         resolved = build_config(values, SftConfig)
     except ConfigurationError as exc:
         raise _fail(exc) from None
-    path = run(resolved, progress=lambda step, m: typer.echo(
-        f"step {step + 1}/{resolved.steps}  loss/token {m['train/loss_per_token']:.4f}") if (step + 1) % 10 == 0
-        or step == 0 else None)
+    with StepProgress(Console(), "step", resolved.steps) as shown:
+        path = run(resolved, progress=lambda step, m: shown.update(step + 1,
+                                                                  f"loss/token {m['train/loss_per_token']:.4f}"))
     typer.echo(f"saved: {path}\nnext: rlvr train start_from_checkpoint={path}")
 
 
@@ -118,6 +121,8 @@ def eval_(
     """Evaluate a model or checkpoint on a task's held-out problems: pass@k, mean reward, per-problem JSONL."""
     from pathlib import Path
 
+    from rich.console import Console
+
     from rlvr.errors import ConfigurationError
     from rlvr.rl.config import read_config_file
     from rlvr.rl.evaluation import evaluate
@@ -136,7 +141,7 @@ def eval_(
     default_out = Path(checkpoint) / "eval.jsonl" if checkpoint and Path(checkpoint).is_dir() else Path("eval.jsonl")
     try:
         result = evaluate(resolved, checkpoint, num_samples=samples, k=ks, problems=problems,
-                          out=out or default_out)
+                          out=out or default_out, console=Console(stderr=True))
     except ConfigurationError as exc:
         raise _fail(exc) from None
     for key, value in result.items():

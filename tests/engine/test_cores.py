@@ -76,6 +76,7 @@ def test_rlvr_threads_fixes_the_count(tmp_path, monkeypatch):
     share, counts = _share(tmp_path, threads=4, fixed=fixed_threads())
     _another_process(tmp_path)
     assert share.claim() == 3 and counts == [3]
+    assert (tmp_path / "busy" / str(os.getpid())).exists()  # others still see it computing and share with it
     monkeypatch.delenv("RLVR_THREADS")
     assert fixed_threads() is None
     for bad in ("0", "two", "-1", "1.5"):

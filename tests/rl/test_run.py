@@ -114,7 +114,11 @@ def test_python_api_with_warm_up(tmp_path):
     summary = result["summary"]
     assert list(summary) == ["baseline", "after_warmup", "after"] and result["run_dir"] == str(run)
     assert json.loads((run / "summary.json").read_text()) == summary
-    base = evaluate(settings)
+    shown = io.StringIO()
+    base = evaluate(settings, console=Console(file=shown, width=200))  # rlvr eval's progress, off a terminal
+    lines = shown.getvalue().splitlines()
+    assert lines[0] == "answered 0/8  elapsed 0:00", lines
+    assert lines[-1].startswith("answered 8/8  ") and "s/problem" in lines[-1] and lines[-1].endswith("ETA 0:00")
     warmed = evaluate(settings, checkpoint=last_checkpoint(run, WARMUP)["state_path"])
     assert summary["baseline"]["test/reward/mean"] == pytest.approx(base["mean_reward"])
     assert summary["after_warmup"]["test/reward/mean"] == pytest.approx(warmed["mean_reward"])

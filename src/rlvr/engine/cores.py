@@ -8,7 +8,8 @@ process, touched at most once a second while it works), and before each job, and
 counts the other processes whose file was touched in the last two seconds and takes ``threads // (1 + others)``
 threads (at least one), where ``threads`` is torch's count when the engine started. Alone, it keeps them all.
 
-``RLVR_THREADS=N`` fixes the count instead. A sum split over 1 thread or 2 rounds differently in the last bits
+``RLVR_THREADS=N`` fixes this process's count instead (it still marks itself computing, so the others share with
+it). A sum split over 1 thread or 2 rounds differently in the last bits
 (a gradient differs by ~1e-5), so two runs of one seed end bit for bit alike only at a fixed count; the test suite
 fixes it for that reason.
 
@@ -81,7 +82,8 @@ class CoreShare:
         if now < self._next and self._current is not None:
             return self._current
         self._next = now + self._every_s
-        count = self.fixed or max(1, self.threads // (1 + self._others()))
+        others = self._others()  # a fixed count still marks this process as computing, so that others share
+        count = self.fixed or max(1, self.threads // (1 + others))
         if count != self._current:
             self._set_threads(count)
             self._current = count

@@ -12,6 +12,7 @@ What it is not: the loop's in-training evaluation (``rlvr.rl.loop.evaluate``, gr
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
 from rlvr.fileio import jsonl_line, write_atomic
 from rlvr.rl.config import as_config
+from rlvr.rl.progress import StepProgress
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -48,9 +50,10 @@ def resolve_checkpoint(checkpoint: str | Path) -> str:
 
 def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: int = 1,
              k: Sequence[int] = (1,), problems: int | None = None, correct_at: float = 1.0,
-             out: str | Path | None = None, source: Any = None) -> dict[str, Any]:
+             out: str | Path | None = None, source: Any = None, console: Any = None) -> dict[str, Any]:
     """Evaluate on the held-out split of ``config``'s task (a TrainConfig, a dict of settings or a YAML path);
-    writes per-problem records to ``out`` (JSONL)."""
+    writes per-problem records to ``out`` (JSONL). ``console`` (a rich Console): shows the problems answered so far,
+    with the rate and ETA (``progress.py``); None: quiet."""
     import rlvr
     from rlvr import types
     from rlvr.rewards import RewardItem, RewardRunner
@@ -80,8 +83,13 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
                                   temperature=0.0 if num_samples == 1 else config.temperature)
     futures = [sampler.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), num_samples, params)
                for p in chosen]
-    responses = [[tokenizer.decode(s.tokens, skip_special_tokens=True) for s in f.result().sequences]
-                 for f in futures]
+    responses = []
+    with StepProgress(console, "answered", len(chosen), unit="problem") if console else contextlib.nullcontext() \
+            as progress:
+        for future in futures:  # in order; the engine answers them in batches
+            responses.append([tokenizer.decode(s.tokens, skip_special_tokens=True) for s in future.result().sequences])
+            if progress is not None:
+                progress.update(len(responses), "")
     with RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
         scores = runner.score([RewardItem(p.question, r, p.reward_meta())
                                for p, group in zip(chosen, responses, strict=True) for r in group])

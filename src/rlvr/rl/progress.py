@@ -25,11 +25,11 @@ def _clock_text(seconds: float) -> str:
 
 class StepProgress:
     """``with StepProgress(console, "step", total) as progress: progress.update(done, status)``; ``start``: steps
-    done before this process began (a resumed run), left out of the rate."""
+    done before this process began (a resumed run), left out of the rate; ``unit``: what the rate is per."""
 
     def __init__(self, console: Any, label: str, total: int, start: int = 0, status: str = "",
-                 every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.console, self.label, self.total, self.start = console, label, total, start
+                 every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic, unit: str = "step") -> None:
+        self.console, self.label, self.total, self.start, self.unit = console, label, total, start, unit
         self.status, self.every_s, self.clock = status, every_s, clock
         self.done = start
         self._bar: Any = None
@@ -72,7 +72,7 @@ class StepProgress:
         if steps > 0:  # timed from the first step's end where it can be: an evaluation before it is not a step
             since, first = self._first or (self._started, self.start)
             per_step = (now - since) / (self.done - first) if self.done > first else elapsed / steps
-            timing = f"{per_step:.1f} s/step  {timing}  ETA {_clock_text(per_step * (self.total - self.done))}"
+            timing = f"{per_step:.1f} s/{self.unit}  {timing}  ETA {_clock_text(per_step * (self.total - self.done))}"
         self.console.print(f"{self.label} {self.done}/{self.total}  {self.status}  {timing}".replace("    ", "  "),
                            highlight=False, soft_wrap=True)
 
