@@ -41,9 +41,12 @@ KEEP_ADAPTERS = 3
 
 
 def _set_threads(share: int) -> None:
-    """Give this actor its share of the machine's cores (on a 2-core box: 1 thread), so actors do not fight."""
+    """Give this actor its share of the machine's cores (on a 2-core box: 1 thread), so actors do not fight; fixed
+    for its engine (``RLVR_THREADS``), which would otherwise divide it again by the other actors computing."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, cpus // max(1, share)))
+    threads = max(1, cpus // max(1, share))
+    torch.set_num_threads(threads)
+    os.environ["RLVR_THREADS"] = str(threads)  # this actor's process only
 
 
 class TrainerActor:
