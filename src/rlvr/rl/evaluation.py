@@ -86,9 +86,9 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     responses = []
     with StepProgress(console, "answered", len(chosen), unit="problem") if console else contextlib.nullcontext() \
             as progress:
-        for future in futures:  # in order; the engine answers them in batches
+        for future in futures:  # in order; the engine answers them in batches, shown when a batch is in
             responses.append([tokenizer.decode(s.tokens, skip_special_tokens=True) for s in future.result().sequences])
-            if progress is not None:
+            if progress is not None and (len(responses) == len(futures) or not _done(futures[len(responses)])):
                 progress.update(len(responses), "")
     with RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
         scores = runner.score([RewardItem(p.question, r, p.reward_meta())
@@ -113,6 +113,17 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         write_atomic(out, b"".join(jsonl_line(r) for r in records))
         result["records"] = str(out)
     return result
+
+
+def _done(future: Any) -> bool:
+    """Whether a sampling future has its answer (or its error) already."""
+    try:
+        future.result(timeout=0)
+    except TimeoutError:
+        return False
+    except Exception:  # its error is raised where the loop takes its result
+        return True
+    return True
 
 
 def _evaluate_envs(config: Any, dataset: Any, sampler: Any, tokenizer: Any, num_samples: int,
