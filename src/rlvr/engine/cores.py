@@ -2,8 +2,8 @@
 
 torch's OpenMP threads spin while they wait for each other. Two processes that each run as many threads as the
 machine has cores take turns on the cores mid-spin, and each runs several times slower than half its speed alone
-(2 cores, SmolLM2-135M: a training step 0.7 s alone, 8 s beside another; sampling 2.5 s alone, 10 s beside another;
-with one thread each, 1.0 s and 4 s). So each engine that computes says so in ``$RLVR_HOME/busy/`` (one file per
+(``bench/two_processes.py`` on 2 cores: a SmolLM2-135M training step 0.64 s alone, 13.8 s beside another process,
+0.95 s when each takes one thread). So each engine that computes says so in ``$RLVR_HOME/busy/`` (one file per
 process, touched at most once a second while it works), and before each job, and every second of a long decode, it
 counts the other processes whose file was touched in the last two seconds and takes ``threads // (1 + others)``
 threads (at least one), where ``threads`` is torch's count when the engine started. Alone, it keeps them all.
