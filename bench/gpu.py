@@ -1,8 +1,8 @@
 """rlvr on one GPU: sampling, training and an RL step, against what a user would otherwise run on the same GPU.
 
-For a Llama-3.2-1B-shaped and a Qwen3-4B-shaped model (random weights with the real shapes and vocabularies, written
-by ``rlvr.engine.random_models``: no download), in one process on one GPU, in bfloat16 (rlvr's CUDA default; the
-baselines load the same folder in bfloat16 with transformers' default attention, SDPA):
+For models of the Qwen2.5-0.5B, Llama-3.2-1B and Qwen3-4B shapes (random weights with the real shapes and
+vocabularies, written by ``rlvr.engine.random_models``: no download), in one process on one GPU, in bfloat16 (rlvr's
+CUDA default; the baselines load the same folder in bfloat16 with transformers' default attention, SDPA):
 
 - **sampling**: tokens/s at ``--sizes`` sequences (64, 256, 1024) x ``--max-tokens`` new tokens (512), groups of
   8 samples per prompt, 128-token prompts, temperature 1, no early stop; rlvr's sampler (no adapter) against Hugging
@@ -23,7 +23,8 @@ baselines load the same folder in bfloat16 with transformers' default attention,
   token), summed over the steps; training takes at least 4 N / F per token (forward, and the input gradient of every
   frozen matmul; attention left out).
 
-    python bench/gpu.py [--models llama-3.2-1b,qwen3-4b] [--sizes 64,256,1024] [--max-tokens 512] [--json PATH]
+    python bench/gpu.py [--models qwen2.5-0.5b,llama-3.2-1b,qwen3-4b] [--sizes 64,256,1024] [--max-tokens 512]
+                        [--json PATH] [--budget SECONDS]
     python bench/gpu.py --smoke    # tiny shapes on the CPU (the GPU paths forced): runs every code path, measures
                                    # nothing worth keeping (continuous batching alone takes ~10 s a call there)
     python bench/gpu.py --skip trl,continuous    # leave baselines out: generate, continuous, plain, trl
@@ -198,10 +199,13 @@ def sample_continuous(model: Any, prompts: list[list[int]], new: int, pad: int) 
 
     if not hasattr(model, "generate_batch"):
         return {"skipped": "this transformers has no generate_batch"}
+    # each prompt sent GROUP times: generate_batch does not honour num_return_sequences (transformers 5.17 returned
+    # one sequence a request)
     config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
-                              num_return_sequences=GROUP, eos_token_id=-1, pad_token_id=pad)
+                              eos_token_id=-1, pad_token_id=pad)
     start = time.perf_counter()
-    outputs = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    outputs = model.generate_batch(inputs=[p for p in prompts for _ in range(GROUP)], generation_config=config,
+                                   progress_bar=False)
     wall = time.perf_counter() - start
     tokens = sum(len(o.generated_tokens) for o in outputs.values())
     spans = [o.lifespan for o in outputs.values() if o.lifespan[0] >= 0]
@@ -215,7 +219,16 @@ def rate(tokens: int, seconds: float) -> dict[str, float]:
 
 
 def skipped(args: argparse.Namespace, baseline: str) -> dict[str, str] | None:
-    return {"skipped": "--skip"} if baseline in args.skip else None
+    if baseline in args.skip:
+        return {"skipped": "--skip"}
+    return out_of_time(args)
+
+
+def out_of_time(args: argparse.Namespace) -> dict[str, str] | None:
+    """``{"skipped": ...}`` once the ``--budget`` is spent (what is left is not started), else None."""
+    if args.deadline is not None and time.monotonic() > args.deadline:
+        return {"skipped": f"--budget {args.budget:g} s spent"}
+    return None
 
 
 def guarded(fn: Callable[[], Any]) -> Any:
@@ -242,7 +255,8 @@ def measure_sampling(service: Any, folder: str, reference: Any, shape: dict, bou
     for size in args.sizes:
         prompts = prompts_for(max(1, size // GROUP), PROMPT_TOKENS, seed=size)
         bound = decode_bound(shape, bounds, min(rows, size), PROMPT_TOKENS, args.max_tokens)
-        rlvr = guarded(lambda prompts=prompts: rate(*sample_rlvr(sampler, prompts, args.max_tokens, device)))
+        rlvr = out_of_time(args) or guarded(
+            lambda prompts=prompts: rate(*sample_rlvr(sampler, prompts, args.max_tokens, device)))
         ours = rlvr.get("tokens_per_s", math.nan)
         generate = skipped(args, "generate") or guarded(
             lambda prompts=prompts: rate(*sample_generate(reference, prompts, args.max_tokens, rows, pad, device)))
@@ -344,7 +358,7 @@ def measure_training(service: Any, folder: str, reference: Any, shape: dict, bou
     batches = [training_batch(args.train_sequences, args.train_length, min(PROMPT_TOKENS, args.train_length // 2),
                               seed=i) for i in range(args.train_batches)]
     tc = service.create_lora_training_client(base_model=folder, rank=LORA_RANK, seed=0)
-    rlvr = guarded(lambda: rate(*train_rlvr(tc, batches, device)))
+    rlvr = out_of_time(args) or guarded(lambda: rate(*train_rlvr(tc, batches, device)))
     ours = rlvr.get("tokens_per_s", math.nan)
     bound = train_bound(shape, bounds)
     plain = skipped(args, "plain") or guarded(lambda: train_plain(reference, batches, args.microbatch_tokens, device))
@@ -441,7 +455,7 @@ def rl_step_trl(folder: str, args: argparse.Namespace, device: torch.device, out
 
 def measure_rl_step(service: Any, folder: str, shape: dict, bounds: dict, args: argparse.Namespace,
                     device: torch.device, out: Path) -> dict[str, Any]:
-    ours = guarded(lambda: rl_step_rlvr(service, folder, args, device))
+    ours = out_of_time(args) or guarded(lambda: rl_step_rlvr(service, folder, args, device))
     rows = args.rl_prompts * GROUP
     trained = rows * (PROMPT_TOKENS - 1 + args.rl_tokens)  # the datums' tokens when no row stops early
     floor = (rows * args.rl_tokens / decode_bound(shape, bounds, rows, PROMPT_TOKENS, args.rl_tokens)
@@ -452,7 +466,7 @@ def measure_rl_step(service: Any, folder: str, shape: dict, bounds: dict, args: 
     if "seconds" in theirs and "seconds" in ours:
         result["ratio_to_trl"] = theirs["seconds"] / ours["seconds"]
     trl_text = f"{theirs['seconds']:.2f} s" if "seconds" in theirs else theirs.get("error") or theirs.get("skipped")
-    rlvr_text = f"{ours['seconds']:.2f} s" if "seconds" in ours else ours["error"]
+    rlvr_text = f"{ours['seconds']:.2f} s" if "seconds" in ours else ours.get("error") or ours.get("skipped")
     print(f"  RL step ({rows} completions x {args.rl_tokens} tokens) | rlvr {rlvr_text} "
           f"({ours['fraction_of_bound']:.2f} of bound {floor:.2f} s) | TRL {trl_text}", flush=True)
     return result
@@ -496,7 +510,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from rlvr.engine.random_models import REAL_SHAPES, real_config, small_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="llama-3.2-1b,qwen3-4b", help=f"of {sorted(REAL_SHAPES)}")
+    parser.add_argument("--models", default="qwen2.5-0.5b,llama-3.2-1b,qwen3-4b", help=f"of {sorted(REAL_SHAPES)}")
     parser.add_argument("--sizes", default="64,256,1024", help="sequence counts (groups of 8 per prompt)")
     parser.add_argument("--max-tokens", type=positive_int, default=512, help="new tokens per sequence")
     parser.add_argument("--train-sequences", type=positive_int, default=64, help="datums per training batch")
@@ -508,7 +522,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", help="write the results here (default: bench/results/gpu-<date>-<gpu>.json)")
     parser.add_argument("--skip", default="", help=f"baselines to leave out, of {list(BASELINES)}")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: check the code paths")
+    parser.add_argument("--budget", type=float, help="seconds: measurements not started by then are skipped, and "
+                        "the JSON (written after each model) keeps what was measured")
     args = parser.parse_args(argv)
+    args.deadline = None if args.budget is None else time.monotonic() + args.budget
     args.skip = [s for s in args.skip.split(",") if s]
     if unknown := sorted(set(args.skip) - set(BASELINES)):
         parser.error(f"--skip {unknown}: choose from {list(BASELINES)}")
@@ -537,14 +554,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{bounds['memory_bandwidth'] / 1e9:.0f} GB/s", flush=True)
     record: dict[str, Any] = {"gpu": bounds, "machine": machine(), "smoke": args.smoke,
                               "settings": {k: v for k, v in vars(args).items() if k != "json"}, "models": {}}
-    with tempfile.TemporaryDirectory(prefix="rlvr-bench-gpu-") as work:
-        for name, config in configs.items():
-            record["models"][name] = measure_model(name, config, bounds, args, device, Path(work))
+    record["settings"].pop("deadline")
     target = args.json or (None if args.smoke else
                            RESULTS / f"gpu-{today()}-{re.sub(r'[^a-z0-9]+', '-', bounds['name'].lower()).strip('-')}"
                                      f".json")
+    with tempfile.TemporaryDirectory(prefix="rlvr-bench-gpu-") as work:
+        for name, config in configs.items():
+            if late := out_of_time(args):
+                record["models"][name] = late
+                continue
+            record["models"][name] = guarded(
+                lambda name=name, config=config: measure_model(name, config, bounds, args, device, Path(work)))
+            if target:  # after each model, so a run stopped later keeps what it measured
+                write_json(target, record)
     if target:
-        print(f"\nwrote {write_json(target, record)}")
+        print(f"\nwrote {target}")
     return record
 
 

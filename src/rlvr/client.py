@@ -270,9 +270,10 @@ class TrainingClient(_SelfFuture):
         return self._trainer.host.base.tokenizer
 
     def parameters(self) -> dict[str, torch.Tensor]:
-        """A copy of the adapter's current weights (for inspection and tests; not part of Tinker's API)."""
+        """A copy of the adapter's current weights, on the CPU whatever the engine's device (for inspection and tests;
+        not part of Tinker's API)."""
         adapter = self._trainer.adapter
-        return self.engine.run(lambda: {n.replace(f".{adapter}.", "."): p.detach().clone()
+        return self.engine.run(lambda: {n.replace(f".{adapter}.", "."): p.detach().to("cpu", copy=True)
                                         for n, p in self._trainer.host.parameters(adapter).items()})
 
 

@@ -186,3 +186,38 @@ def test_finished_rows_leave_the_batch(gpu_paths_client, monkeypatch):
     assert [len(s.tokens) for f in futures for s in f.result().sequences] == [2] * 4 + [9] * 4
     assert sizes[0] == 2  # the two prompts prefilled once each
     assert sizes[1:] == [8, 8] + [4] * 6, sizes  # a forward after each of 8 draws (the 9th is the last)
+
+
+def _trained_client(paths: GpuPaths):
+    engine = Engine(device="cpu", gpu_paths=paths)
+    tc = rlvr.ServiceClient(engine).create_lora_training_client(base_model="tiny", rank=8, seed=11)
+    tokens = tc.get_tokenizer().encode("some text to move the adapter away from zero")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    for _ in range(3):
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2))
+    return tc
+
+
+def test_fixed_steps_decode_as_the_eager_forward_does_through_padding_interleaving_and_compaction():
+    # The fixed step (GpuPaths.graphs: what CUDA captures as a graph) against the eager forward over the columns so
+    # far: prompts of three lengths (left padding), one prompt queued apart from itself (rows of a prompt not
+    # side by side), and rows ending at 2, 5 and 13 tokens, so finished rows leave the batch twice between looks
+    # (every 3 steps) and the fixed step is rebuilt for the rows left. Same tokens, the same logprobs, and those
+    # equal to the trainer's.
+    clients = [_trained_client(GpuPaths(sync_every=3, row_tokens=64, graphs=graphs)) for graphs in (True, False)]
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [5, 6, 7, 8, 9, 10, 11], [90, 91, 92, 93]]
+    lengths = [13, 2, 5, 13]
+    results = []
+    for tc in clients:
+        sampler = tc.save_weights_and_get_sampling_client()
+        futures = [sampler.sample(types.ModelInput.from_ints(p), 3, types.SamplingParams(
+            max_tokens=n, temperature=1.0, stop=[], seed=i))
+            for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
+        results.append([f.result().sequences for f in futures])
+    for prompt, n, fixed, eager in zip(prompts, lengths, *results, strict=True):
+        for a, b in zip(fixed, eager, strict=True):
+            assert a.tokens == b.tokens and len(a.tokens) == n
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+            assert (_trainer_logprobs(clients[0], prompt, a) - torch.tensor(a.logprobs)).abs().max() < 1e-4

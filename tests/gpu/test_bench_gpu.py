@@ -1,8 +1,12 @@
-"""``bench/gpu.py``: without CUDA it refuses, naming the fix; ``--smoke`` runs every code path of it on the CPU with
-tiny shapes (continuous batching left out: its manager costs ~10 s a call on a CPU) and writes its JSON. Not marked
-``gpu``: this runs in the CPU suite."""
+"""``bench/gpu.py`` and ``scripts/gpu-check``: without CUDA the benchmark refuses, naming the fix; the check's dry run
+(``--device cpu --quick``) runs its every step on the CPU, the benchmark's every code path included on tiny shapes
+(``--smoke``; continuous batching left out: its manager costs ~10 s a call on a CPU), and writes what the GPU run
+writes. Not marked ``gpu``: this runs in the CPU suite."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,10 +33,19 @@ def test_it_refuses_without_cuda(bench_gpu, monkeypatch, capsys):
     assert "torch sees none here" in err and "pass --smoke" in err
 
 
-def test_smoke_runs_every_path_on_the_cpu(bench_gpu, tmp_path, capsys):
-    out = tmp_path / "gpu.json"
-    bench_gpu.main(["--smoke", "--skip", "continuous", "--json", str(out)])
-    record = json.loads(out.read_text())
+def test_the_gpu_check_dry_run_runs_every_step_and_path_on_the_cpu(tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu-check"), "--device", "cpu", "--quick",
+                           "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert {"env.json", "gpu-check.log", "gpu-tests.log", "gpu-bench.log", "gpu-bench.json"} <= {
+        p.name for p in out.iterdir()}
+    report = json.loads((out / "env.json").read_text())
+    assert [s["step"] for s in report["steps"]] == ["gpu tests", "gpu benchmark"]
+    assert report["machine"]["packages"]["torch"] and report["machine"]["cuda_available"] is False
+    assert "wrote" in (out / "gpu-bench.log").read_text()
+    record = json.loads((out / "gpu-bench.json").read_text())
     assert record["smoke"] and record["gpu"]["matmul_flops"] > 0 and record["gpu"]["memory_bandwidth"] > 0
     assert set(record["models"]) == {"llama-small", "qwen3-small"}
     for model in record["models"].values():
@@ -50,4 +63,3 @@ def test_smoke_runs_every_path_on_the_cpu(bench_gpu, tmp_path, capsys):
             assert step["trl"]["seconds"] > 0 and step["ratio_to_trl"] > 0
         else:
             assert step["trl"] == {"skipped": "trl is not importable (pip install 'rlvr[bench]')"}
-    assert "wrote" in capsys.readouterr().out

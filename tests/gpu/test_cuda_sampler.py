@@ -70,3 +70,30 @@ def test_seeds_reproduce_and_stops_stop_on_cuda():
     text = tc.get_tokenizer().decode(free.tokens)
     seq = draw(3, stop=[text[5:7]], n=1)[0]
     assert seq.stop_reason == "stop" and text[5:7] not in tc.get_tokenizer().decode(seq.tokens[:-1])
+
+
+@pytest.mark.parametrize("model", ["tiny", "qwen3"])
+def test_decode_steps_replayed_as_cuda_graphs_equal_the_eager_forward(model, qwen3):
+    # float32, so that the captured fixed step and the eager forward over the columns so far agree to rounding:
+    # the same tokens and logprobs through left padding, a prompt queued apart from itself and rows that end at 2,
+    # 5 and 13 tokens (finished rows leave the batch and the graph is captured again for the rows left).
+    from rlvr.engine import device_sampler
+    from rlvr.engine.device import GpuPaths
+
+    base = qwen3 if model == "qwen3" else "tiny"
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [5, 6, 7, 8, 9, 10, 11], [90, 91, 92, 93]]
+    lengths = [13, 2, 5, 13]
+    results = []
+    for graphs in (True, False):
+        before = device_sampler.captures
+        engine = Engine(device="cuda", precision="float32", gpu_paths=GpuPaths(sync_every=3, graphs=graphs))
+        sampler = trained(engine, base).save_weights_and_get_sampling_client()
+        futures = [sampler.sample(types.ModelInput.from_ints(p), 3, types.SamplingParams(
+            max_tokens=n, temperature=1.0, stop=[], seed=i))
+            for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
+        results.append([f.result().sequences for f in futures])
+        assert (device_sampler.captures > before) == graphs, "the fixed step was not captured as a CUDA graph"
+    for n, fixed, eager in zip(lengths, *results, strict=True):
+        for a, b in zip(fixed, eager, strict=True):
+            assert a.tokens == b.tokens and len(a.tokens) == n
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)

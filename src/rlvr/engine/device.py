@@ -123,6 +123,12 @@ class GpuPaths:
     sync_every: int = 8
     """Sampler decode steps between two looks from the host: finished rows leave the batch and stop strings are
     matched there (stop token ids and lengths are checked on the device at every step)."""
+    graphs: bool = True
+    """Sampler decode steps over fixed buffers (the cache's reserved columns, a mask over all of them, the column
+    written given as a tensor), so that every step runs the same kernels: on CUDA the step is captured once as a CUDA
+    graph and replayed (again after finished rows leave the batch), which removes the host's per-kernel launch cost;
+    on the CPU the same fixed step runs as it is (the tests check it there). False: each step is the model's eager
+    forward over the columns written so far."""
 
     def __post_init__(self) -> None:
         for name in ("row_tokens", "logit_chunk", "sync_every"):

@@ -18,19 +18,27 @@ columns up front (never reallocated). What differs:
   ``torch.Generator``). Choosing a token is ``sampler.choose_tokens``'s rule (temperature, top-k, top-p, then one
   inverse-CDF draw), vectorised over rows with their own settings.
 
-Not here: CUDA graphs (each step is the model's eager forward); the CPU's sampler and decoder (``sampler.py``,
-``decode.py``); which requests batch together (the engine).
+- **Fixed steps, replayed as CUDA graphs** (``GpuPaths.graphs``). A decode step's launch cost on the host is the
+  same for 8 rows as for 1024, and at small batches it is most of the step. So every step runs over the same
+  buffers: its token ids and positions, a mask over all of the cache's reserved columns (those not yet written are
+  masked out), and the column it writes, given as a tensor (``_FixedStep``). On CUDA the step is captured once as a
+  graph and replayed at each step; after finished rows leave the batch, it is captured again for the rows left. A
+  capture that fails falls back to running the fixed step eagerly, with a warning. On the CPU the fixed step runs
+  as it is, which is how the tests check it against the eager forward.
+
+Not here: the CPU's sampler and decoder (``sampler.py``, ``decode.py``); which requests batch together (the engine).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
 
 from rlvr.engine.device import GpuPaths, model_device
-from rlvr.engine.kv_cache import cache_kwargs
+from rlvr.engine.kv_cache import GrowingCache, cache_kwargs
 from rlvr.engine.sampler import SampleJob, Sequence_, draw_uniform, prefill
 
 COMPACT_FRACTION = 0.25  # finished rows leave the batch (at a look from the host) once this fraction of it has
@@ -154,6 +162,7 @@ def sample_batch(
     top_p_any = any(job.settings.top_p < 1 for job in jobs)
     strings = [bool(jobs[j].settings.stop_strings) for j in row_job]
 
+    fixed = _FixedStep(model, cache, mask.bool(), capture=device.type == "cuda") if paths.graphs else None
     tokens = torch.zeros((len(row_job), longest), dtype=torch.long, device=device)  # (R, T): by result row
     logprobs = torch.zeros((len(row_job), longest), dtype=torch.float32, device=device)
     lengths = torch.zeros(len(row_job), dtype=torch.long, device=device)
@@ -179,10 +188,15 @@ def sample_batch(
                 keep = (~done).nonzero().squeeze(-1).to(device)
                 rows, chosen, positions, mask = rows.select(keep), chosen[keep], positions[keep], mask[keep]
                 cache.batch_select_indices(keep)
-        mask[:, width + step] = 1
-        out = model(input_ids=chosen[:, None], attention_mask=mask[:, :width + step + 1] if padded else None,
-                    position_ids=positions[:, None], **cache_kwargs(cache))
-        logits = out.logits[:, -1, :].float()
+                if fixed is not None:
+                    fixed = fixed.for_rows(keep)
+        if fixed is not None:
+            logits = fixed(chosen, positions, width + step)
+        else:
+            mask[:, width + step] = 1
+            out = model(input_ids=chosen[:, None], attention_mask=mask[:, :width + step + 1] if padded else None,
+                        position_ids=positions[:, None], **cache_kwargs(cache))
+            logits = out.logits[:, -1, :].float()
         positions = positions + 1
 
     tokens, logprobs, lengths, stopped = tokens.cpu(), logprobs.cpu(), lengths.tolist(), stopped.tolist()
@@ -192,6 +206,82 @@ def sample_batch(
         results[j].append(Sequence_(tokens[r, :n].tolist(), logprobs[r, :n].tolist(), "stop" if stopped[r] else
                                     "length"))
     return results
+
+
+class _FixedStep:
+    """One decode step of ``model`` over fixed buffers, so that every step runs the same kernels on the same memory:
+    the rows' token ids and positions, a (L, 1, 1, C) mask over all C reserved columns of ``cache`` (True: attended;
+    transformers takes a 4D mask as it is), and the column the step writes, as a tensor the cache's layers write at
+    (``fix_columns``). With ``capture`` (CUDA), the step's first call runs it once on a side stream (which also
+    gives that step's logits) and captures it as a CUDA graph, which the later calls replay."""
+
+    def __init__(self, model: torch.nn.Module, cache: GrowingCache, mask: torch.Tensor, capture: bool) -> None:
+        rows, columns = mask.shape
+        device = mask.device
+        self.model, self.cache, self.capture = model, cache, capture
+        self.mask = mask  # (L, C) bool: the prompt's columns (not its padding) and those decoded so far
+        self.ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)
+        fix_columns(cache, self.column, columns)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def for_rows(self, keep: torch.Tensor) -> _FixedStep:
+        """The step for rows ``keep`` only (the cache's rows were selected already): new buffers, a new capture."""
+        self.graph = self.logits = None  # frees the old graph's memory before the new one takes its own
+        return _FixedStep(self.model, self.cache, self.mask[keep], self.capture)
+
+    def _forward(self) -> torch.Tensor:
+        out = self.model(input_ids=self.ids, attention_mask=self.mask[:, None, None, :], position_ids=self.positions,
+                         **cache_kwargs(self.cache))
+        return out.logits[:, -1, :].float()
+
+    def __call__(self, chosen: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
+        """The next logits (L, V) float32 of rows that drew ``chosen`` (L,) at ``positions`` (L,), written to
+        ``column`` of the cache. On a replay the result is the graph's own buffer: read it before the next call."""
+        self.ids.copy_(chosen[:, None])
+        self.positions.copy_(positions[:, None])
+        self.column.fill_(column)
+        self.mask[:, column] = True
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        if not self.capture:
+            return self._forward()
+        return self._capture()
+
+    def _capture(self) -> torch.Tensor:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the warm-up: lazy initialisations happen outside the capture
+            logits = self._forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):  # recorded, not run: the cache already holds this step's column
+                self.logits = self._forward()
+        except Exception as exc:  # an op that cannot be captured: the same fixed step, eagerly, from now on
+            warnings.warn(f"rlvr's GPU sampler could not capture its decode step as a CUDA graph ({type(exc).__name__}:"
+                          f" {str(exc)[:200]}); it decodes without graphs, more slowly", RuntimeWarning, stacklevel=2)
+            self.capture, self.logits = False, None
+            torch.cuda.synchronize()
+            return logits
+        self.graph = graph
+        global captures
+        captures += 1
+        return logits
+
+
+captures = 0
+"""CUDA graphs this process has captured for decode steps (the GPU tests read it)."""
+
+
+def fix_columns(cache: GrowingCache, column: torch.Tensor, columns: int) -> None:
+    """Make each layer of ``cache`` (reserved for at least ``columns`` columns) write a step's keys and values at
+    ``column`` (a (1,) tensor) and hand attention all ``columns`` of its buffers, the unwritten ones masked out."""
+    for layer in cache.layers:
+        layer.fix(column, columns)
 
 
 def _match_stop_strings(rows: _Rows, tokens: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor,

@@ -64,8 +64,24 @@ class GrowingLayer(DynamicLayer):
             values[:, :, : self._length] = self._values_buffer[:, :, : self._length]
         self._keys_buffer, self._values_buffer = keys, values
 
+    def fix(self, column: torch.Tensor, columns: int) -> None:
+        """From now on, write each update at ``column`` (a (1,) tensor, read when the update runs: a CUDA graph's
+        replay writes wherever it points) and return the first ``columns`` columns of the buffers, all of them,
+        written or not (the caller masks out the rest). ``get_seq_length`` no longer moves."""
+        if self._keys_buffer is None or self._keys_buffer.shape[2] < columns:
+            raise ValueError(f"a fixed cache layer needs {columns} reserved columns; reserve them at the first write")
+        if not getattr(self, "_fixed", False):  # once: after a row selection the columns past the prompt hold steps
+            self._keys_buffer[:, :, self._length : columns].zero_()  # reserved memory is uninitialised: a NaN there,
+            self._values_buffer[:, :, self._length : columns].zero_()  # masked out or not, reaches the output (0*NaN)
+            self._fixed = True
+        self._column, self._columns = column, columns
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if getattr(self, "_column", None) is not None:
+            self._keys_buffer.index_copy_(2, self._column, key_states)
+            self._values_buffer.index_copy_(2, self._column, value_states)
+            return self._keys_buffer[:, :, : self._columns], self._values_buffer[:, :, : self._columns]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
@@ -85,6 +101,7 @@ class GrowingLayer(DynamicLayer):
             self._keys_buffer = self._keys_buffer[indices]
             self._values_buffer = self._values_buffer[indices]
             self._refresh_views()
+            self._column = None  # the new buffers are for a new fixed step to claim
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.get_seq_length() > 0:
@@ -98,6 +115,7 @@ class GrowingLayer(DynamicLayer):
     def reset(self) -> None:
         self.keys = self.values = None
         self._keys_buffer = self._values_buffer = None
+        self._column, self._fixed = None, False
         self._length = 0
         self.is_initialized = False
 

@@ -2,7 +2,8 @@
 folders that ``base_model=<folder>`` loads: for tests and benchmarks, with no download.
 
 Two sizes: ``small_config`` (a few hundred thousand parameters, the byte tokenizer's vocabulary: tests) and
-``real_config`` (the published shapes and vocabularies of Llama-3.2-1B and Qwen3-4B: benchmarks). Either way the
+``real_config`` (the published shapes and vocabularies of Qwen2.5-0.5B, Qwen3-0.6B, Llama-3.2-1B and Qwen3-4B:
+benchmarks). Either way the
 folder holds ``tiny``'s byte tokenizer (``tiny.build_tiny_tokenizer``), whose ids all lie inside the model's
 vocabulary; a real-size vocabulary has ids no text encodes to, which a random model samples all the same.
 
@@ -21,6 +22,16 @@ from rlvr.errors import ConfigurationError
 
 ARCHITECTURES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
 REAL_SHAPES: dict[str, tuple[str, dict]] = {
+    # Qwen/Qwen2.5-0.5B-Instruct's config.json (Qwen2: biases on q, k and v)
+    "qwen2.5-0.5b": ("qwen2", {
+        "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}),
+    # Qwen/Qwen3-0.6B's config.json (Qwen3: q and k norms, head_dim 128 over a 1024-wide model)
+    "qwen3-0.6b": ("qwen3", {
+        "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}),
     # meta-llama/Llama-3.2-1B's config.json
     "llama-3.2-1b": ("llama", {
         "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
