@@ -1,6 +1,8 @@
-"""What the benchmarks share: a description of the machine, its load, result files and progress bars.
+"""What the benchmarks share: a description of the machine (its load, its matmul and memory rates), the models
+they run (the embedded one, or published shapes with random weights), result files and progress bars.
 
-Not here: any measurement (each lives in its own script) or the ``python -m bench`` driver (``__main__.py``).
+Not here: any benchmark's measurement (each lives in its own script) or the ``python -m bench`` driver
+(``__main__.py``).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -94,3 +98,63 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
     return value
+
+
+BENCH_MODELS = "smollm2-135m (the embedded model) or a published shape with random weights: qwen2.5-0.5b, " \
+               "qwen3-0.6b, llama-3.2-1b, qwen3-4b"
+
+
+def bench_model(name: str) -> tuple[str, str]:
+    """The ``base_model`` rlvr is given for ``name`` and the Hugging Face folder the baselines load: the embedded
+    SmolLM2-135M, or a published shape (``random_models.REAL_SHAPES``) with random weights, float32, written once
+    under ``$RLVR_HOME/models/random-<name>`` (speed does not depend on the weights; no download)."""
+    from rlvr.engine.models import ensure_smollm2, rlvr_home
+    from rlvr.engine.random_models import REAL_SHAPES, real_config, write_model_folder
+
+    if name == "smollm2-135m":
+        return name, str(ensure_smollm2())
+    if name not in REAL_SHAPES:
+        raise SystemExit(f"--model {name!r}: choose {BENCH_MODELS}")
+    folder = rlvr_home() / "models" / f"random-{name}"
+    if not (folder / "config.json").exists():
+        print(f"writing random weights of the {name} shape to {folder} (once)", flush=True)
+        partial = folder.with_name(folder.name + ".partial")
+        write_model_folder(real_config(name), partial, seed=0)
+        partial.rename(folder)
+    return str(folder), str(folder)
+
+
+def linear_shape(folder: str) -> dict[str, float]:
+    """Multiply-adds per token in a model's linear layers (the output layer included) and their float32 bytes, from
+    its config: the work a sampled or trained token costs at least."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    per_layer = config.hidden_size * (2 * q + 2 * kv) + 3 * config.hidden_size * config.intermediate_size
+    linear = config.num_hidden_layers * per_layer + config.vocab_size * config.hidden_size
+    return {"linear_params": linear, "weight_bytes": 4 * linear}
+
+
+def matmul_flops(dtype: torch.dtype = torch.float32) -> float:
+    """Sustained matmul FLOP/s of this machine in ``dtype`` (best of a few 1024^3 products)."""
+    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * 1024**3 / best
+
+
+def memory_bandwidth() -> float:
+    """Bytes/s a large float32 copy moves (read and write), best of a few."""
+    x = torch.empty(2**26)
+    y = torch.empty_like(x)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        y.copy_(x)
+        best = min(best, time.perf_counter() - start)
+    return 2 * x.numel() * 4 / best

@@ -12,11 +12,14 @@ same held-out problems with ``generate`` (greedy), scored by the same reward. ``
 of up to 3 steps under cProfile (the engine thread and the loop thread separately) and prints where its step time
 goes; the TRL side's split (generate, rewards, the rest) is in every run's figures.
 
-    python bench/rl_step.py [--steps 8] [--repeats 1] [--seeds 0] [--eval-problems 64] [--profile] [--json PATH]
+    python bench/rl_step.py [--model smollm2-135m] [--steps 8] [--repeats 1] [--seeds 0] [--eval-problems 64]
+                            [--profile] [--json PATH]
 
 Matched exactly:
   - model: SmolLM2-135M-Instruct, float32, from ``ensure_smollm2()``: TRL loads the same folder with transformers
-    (the GGUF converted once, its quantization markers stripped; TRL refuses the GGUF-loaded model itself);
+    (the GGUF converted once, its quantization markers stripped; TRL refuses the GGUF-loaded model itself); or, with
+    ``--model``, a published shape with random weights (``bench.common.bench_model``: the step's time does not
+    depend on the weights, its accuracy is noise);
   - LoRA: rank 16, alpha 32, dropout 0, on q/k/v/o and gate/up/down, *not* lm_head: TRL refuses a LoRA on the
     LM head (it computes logprobs from ``lm_head.weight`` through a fused head), and ``LoopConfig`` has no field for
     the LoRA targets, so the rlvr worker wraps ``ServiceClient.create_lora_training_client`` to pass
@@ -80,7 +83,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import load_average, machine, positive_int, progress_bar, write_json
+from bench.common import BENCH_MODELS, bench_model, load_average, machine, positive_int, progress_bar, write_json
 
 MARK = "@@rl_step "
 """Prefix of the lines a worker writes for the parent (JSON after it); everything else goes to the log."""
@@ -122,6 +125,8 @@ class Settings:
     """Held-out problems for the shared evaluator."""
     seed: int = 0
     """Problem order, LoRA initialisation and sampling seeds."""
+    model: str = "smollm2-135m"
+    """The model (``bench.common.bench_model``): the embedded one, or a published shape with random weights."""
 
 
 def make_source(settings: Settings) -> Any:
@@ -201,7 +206,7 @@ def run_rlvr(settings: Settings, out: Path, profile: bool) -> dict[str, Any]:
 
     source = make_source(settings)
     config = LoopConfig(
-        base_model="smollm2-135m", rank=settings.rank, steps=settings.steps,
+        base_model=bench_model(settings.model)[0], rank=settings.rank, steps=settings.steps,
         problems_per_step=settings.problems_per_step, group_size=settings.group_size, loss_fn="ppo",
         loss_fn_config={"clip_low_threshold": 1 - settings.clip, "clip_high_threshold": 1 + settings.clip},
         learning_rate=settings.learning_rate, max_tokens=settings.max_tokens, temperature=settings.temperature,
@@ -253,11 +258,9 @@ def trl_trainer(settings: Settings, out: Path, callbacks: list[Any]) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr.engine.models import ensure_smollm2
-
     source = make_source(settings)
     problems = training_problems(source, settings)
-    folder = ensure_smollm2()
+    folder = bench_model(settings.model)[1]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     lora = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
@@ -396,11 +399,9 @@ def evaluate(settings: Settings, adapters: dict[str, Path]) -> dict[str, float]:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.engine.models import ensure_smollm2
-
     source = make_source(settings)
     problems = source.problems("test", limit=settings.eval_problems)
-    folder = ensure_smollm2()
+    folder = bench_model(settings.model)[1]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     lora = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
@@ -521,6 +522,7 @@ def seed_list(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--model", default="smollm2-135m", help=BENCH_MODELS)
     parser.add_argument("--steps", type=positive_int, default=8, help="optimizer steps per run (default 8)")
     parser.add_argument("--repeats", type=positive_int, default=1, help="rlvr/TRL run pairs, alternating (default 1)")
     parser.add_argument("--eval-problems", type=positive_int, default=64, help="held-out problems (default 64)")
@@ -550,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     seeds = [args.seed] if args.seed is not None else args.seeds
-    settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens, seed=seeds[0])
+    settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens, seed=seeds[0],
+                        model=args.model)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlvr-bench-rl-step-"))
     load = {"before": load_average()}
     print(f"{settings.steps} steps x {settings.problems_per_step} prompts x {settings.group_size} completions, "

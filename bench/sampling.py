@@ -1,10 +1,12 @@
 """Sampling throughput: rlvr's sampler against Hugging Face ``generate`` (the path TRL takes without vLLM).
 
-The same prompts, group sizes and parameters go through both, on ``smollm2-135m``: 1, 8 and 64 sequences (64 =
-8 prompts x 8 samples), 128 new tokens each (no early stop, so both produce exactly that many). Printed: tokens/s of
-both, the ratio, and the fraction of this machine's bound rlvr reaches: decoding many rows is compute-bound at about
-2 x parameters FLOPs per token, measured against the float32 matmul FLOP/s this machine sustains (``F.linear``:
-what ``generate`` multiplies with). The decoder's own kernel is named beside it: where it is the AMX kernel
+The same prompts, group sizes and parameters go through both, on ``smollm2-135m`` (or ``--model``: a published
+shape with random weights, e.g. ``qwen2.5-0.5b``): 1, 8 and 64 sequences (64 = 8 prompts x 8 samples), 128 new
+tokens each (no early stop, so both produce exactly that many). Printed: tokens/s of both, the ratio, and the
+fraction of this machine's bound rlvr reaches: a decode step of R rows takes at least the longer of its matmuls
+(2 x linear parameters FLOPs per row, at the float32 matmul FLOP/s this machine sustains, ``F.linear``: what
+``generate`` multiplies with) and reading the weights once (at the memory bandwidth a large copy reaches): compute
+bounds many rows, memory traffic few. The decoder's own kernel is named beside it: where it is the AMX kernel
 (``bf16x3``, three bfloat16 products per float32 one), its rate is above that bound, and so can the fraction be.
 
 Everything that computes runs on the engine's thread, generate included: torch work split between two threads of
@@ -18,7 +20,7 @@ oneDNN multiplies bfloat16 on this CPU, rlvr with ``precision="bfloat16"`` (froz
 recent Xeon) against ``generate`` on the model cast to bfloat16 (what ``dtype=torch.bfloat16`` gives a transformers
 user) and against float32 ``generate``. ``ratio`` in the JSON is float32 against float32.
 
-    python bench/sampling.py [--max-tokens 128] [--sizes 1,8,64] [--repeats 2] [--json PATH]
+    python bench/sampling.py [--model smollm2-135m] [--max-tokens 128] [--sizes 1,8,64] [--repeats 2] [--json PATH]
                              [--precisions float32,bfloat16] [--vllm-python /path/to/vllm-env/bin/python]
 
 With ``--vllm-python``, the same prompts and sizes also go through vLLM (``bench/vllm_cpu.py``, run by that
@@ -40,23 +42,16 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import BENCH_MODELS, bench_model, linear_shape, matmul_flops, memory_bandwidth
+
 import rlvr
 from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.models import load_base_model
 from rlvr.engine.packed import bfloat16_supported, chosen_kind
 from rlvr.precision import PRECISIONS
-
-
-def matmul_flops(dtype: torch.dtype = torch.float32) -> float:
-    """Sustained matmul FLOP/s of this machine in ``dtype`` (best of a few 1024^3 products)."""
-    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * 1024**3 / best
 
 
 def prompts_for(tokenizer, count: int) -> list[list[int]]:
@@ -87,12 +82,12 @@ def run_generate(model, tokenizer, prompts: list[list[int]], samples: int, max_t
     return tokens / (time.perf_counter() - start)
 
 
-def lora_sampler(service: rlvr.ServiceClient, tokenizer, rank: int = 16):
+def lora_sampler(service: rlvr.ServiceClient, tokenizer, base_model: str, rank: int = 16):
     """A sampler on a rank-``rank`` adapter after one optimizer step (so its B matrices are not zero), and the
     adapter's folder (peft format) for vLLM."""
     from rlvr.engine import checkpoint
 
-    client = service.create_lora_training_client(base_model="smollm2-135m", rank=rank, seed=0)
+    client = service.create_lora_training_client(base_model=base_model, rank=rank, seed=0)
     tokens = prompts_for(tokenizer, 1)[0]
     datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                         loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
@@ -122,15 +117,21 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
     """rlvr in ``precision`` against ``generate`` in the same dtype, in this process (one engine thread: torch work on
     two threads of one process runs a third slower, so each precision gets a process of its own)."""
     engine = Engine.default(precision)
-    sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model="smollm2-135m")
-    reference = engine.run(load_base_model, "smollm2-135m")  # a separate copy for generate
+    base_model, folder = bench_model(args.model)
+    sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model=base_model)
+    reference = engine.run(load_base_model, base_model)  # a separate copy for generate
     dtype = getattr(torch, precision)
     model, tokenizer = engine.run(reference.model.to, dtype), reference.tokenizer  # torch work on the engine's thread
-    params = sum(p.numel() for p in model.parameters())
-    flops = engine.run(matmul_flops, dtype)
-    bound = flops / (2 * params)
-    print(f"smollm2-135m in {precision}: {params / 1e6:.1f}M parameters; matmul {flops / 1e9:.0f} GFLOP/s -> compute "
-          f"bound {bound:.0f} tokens/s; {torch.get_num_threads()} threads; {args.max_tokens} new tokens per sequence")
+    shape = linear_shape(folder)
+    flops, bandwidth = engine.run(matmul_flops, dtype), engine.run(memory_bandwidth)
+    weight_bytes = shape["weight_bytes"] * (2 if precision == "bfloat16" else 4) // 4
+
+    def bound(rows: int) -> float:  # tokens/s: the longer of a step's matmuls and one read of the weights
+        return rows / max(2 * shape["linear_params"] * rows / flops, weight_bytes / bandwidth)
+
+    print(f"{args.model} in {precision}: {shape['linear_params'] / 1e6:.1f}M multiply-adds per token; matmul "
+          f"{flops / 1e9:.0f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s -> bound {bound(1):.1f} tokens/s at 1 row, "
+          f"{bound(64):.0f} at 64; {torch.get_num_threads()} threads; {args.max_tokens} new tokens per sequence")
     run_rlvr(sampler, prompts_for(tokenizer, 1), 1, 4)  # warm-up
     kernel = chosen_kind("decode") or os.environ.get("RLVR_MATMUL") or "plain"
     print(f"rlvr's decode matmul kernel: {kernel if precision == 'float32' else 'bf16 (oneDNN)'}")
@@ -145,18 +146,19 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
             ours = max(ours, run_rlvr(sampler, prompts, samples, args.max_tokens))
             theirs = max(theirs, engine.run(run_generate, model, tokenizer, prompts, samples, args.max_tokens))
         results[str(size)] = {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs, "ratio": ours / theirs,
-                              "fraction_of_bound": ours / bound, "prompts": n_prompts, "samples_per_prompt": samples}
-        print(f"{size:>9} | {ours:>10.1f} | {theirs:>14.1f} | {ours / theirs:>5.2f} | {ours / bound:>8.2f}",
+                              "fraction_of_bound": ours / bound(size), "bound_tokens_per_s": bound(size),
+                              "prompts": n_prompts, "samples_per_prompt": samples}
+        print(f"{size:>9} | {ours:>10.1f} | {theirs:>14.1f} | {ours / theirs:>5.2f} | {ours / bound(size):>8.2f}",
               flush=True)
     vllm = None
     if args.vllm_python:
         from rlvr.engine.models import model_folder
 
         service = rlvr.ServiceClient(engine)
-        lora, adapter = lora_sampler(service, tokenizer)
+        lora, adapter = lora_sampler(service, tokenizer, base_model)
         sizes = [int(s) for s in args.sizes.split(",")]
         prompts = {str(size): prompts_for(tokenizer, min(size, 8)) for size in sizes}
-        vllm = run_vllm(args.vllm_python, model_folder("smollm2-135m"), adapter, prompts, args.max_tokens,
+        vllm = run_vllm(args.vllm_python, model_folder(base_model), adapter, prompts, args.max_tokens,
                         args.repeats)
         run_rlvr(lora, prompts_for(tokenizer, 1), 1, 4)  # warm-up
         print(f"\nagainst vLLM ({args.vllm_python}), the same prompts; LoRA rank 16 on q/k/v/o, MLP and lm_head:")
@@ -172,13 +174,14 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
                         "ratio_lora": ours_lora / row["lora"]})
             print(f"{size:>9} | {row['rlvr']:>7.1f} | {row['base']:>7.1f} | {row['ratio']:>5.2f} | {ours_lora:>9.1f} | "
                   f"{row['lora']:>9.1f} | {row['ratio_lora']:>5.2f}")
-    return {"precision": precision, "decode_kernel": kernel,
-            "machine": {"threads": torch.get_num_threads(), "matmul_flops": flops},
+    return {"precision": precision, "decode_kernel": kernel, "model": args.model, "shape": shape,
+            "machine": {"threads": torch.get_num_threads(), "matmul_flops": flops, "memory_bandwidth": bandwidth},
             "max_tokens": args.max_tokens, "repeats": args.repeats, "results": results, "vllm": vllm}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help=BENCH_MODELS)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--sizes", default="1,8,64", help="sequence counts; above 8 they are 8 prompts x n/8")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per size; the best of each counts")
@@ -198,7 +201,8 @@ def main() -> None:
         for precision in precisions:  # each in a process of its own, one after the other
             with tempfile.TemporaryDirectory() as folder:
                 out = Path(folder) / "run.json"
-                command = [sys.executable, __file__, "--precisions", precision, "--json", str(out), "--max-tokens",
+                command = [sys.executable, __file__, "--model", args.model, "--precisions", precision, "--json",
+                           str(out), "--max-tokens",
                            str(args.max_tokens), "--sizes", args.sizes, "--repeats", str(args.repeats)]
                 if args.vllm_python and precision == "float32":
                     command += ["--vllm-python", args.vllm_python]

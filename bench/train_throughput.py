@@ -1,9 +1,10 @@
 """Training throughput: rlvr's ``TrainingClient.forward_backward`` against a plain PyTorch + peft loop.
 
-Both train a LoRA (rank 16, alpha 32, on q/k/v/o, gate/up/down and lm_head: rlvr's default targets) on
-``smollm2-135m`` in float32, from the same initial weights (A drawn from ``torch.manual_seed(seed)`` in peft's module
-order, B = 0), over the same batches with the same loss: PPO's clipped surrogate summed over tokens (rlvr's ``ppo``,
-clip 0.8/1.2), written out by hand in the baseline the way a researcher would (logits -> log_softmax -> gather ->
+Both train a LoRA (rank 16 or ``--rank``, alpha 32, on q/k/v/o, gate/up/down and lm_head: rlvr's default targets)
+on ``smollm2-135m`` (or ``--model``: a published shape with random weights, e.g. ``qwen2.5-0.5b``) in float32, from
+the same initial weights (A drawn from ``torch.manual_seed(seed)`` in peft's module order, B = 0), over the same
+batches with the same loss: PPO's clipped surrogate summed over tokens (rlvr's ``ppo``, clip 0.8/1.2), written out
+by hand in the baseline the way a researcher would (logits -> log_softmax -> gather ->
 ratio -> clipped objective). After each ``forward_backward`` both take the same AdamW step (lr 2e-4, betas
 (0.9, 0.95), eps 1e-12, no weight decay), untimed, so the weights move as in training.
 
@@ -16,15 +17,19 @@ are not counted.
 Printed: tokens/s of each (all tokens of every sequence, prompt included; rlvr computes a group's shared prompt
 once, the plain loop once per sequence, as a researcher's loop does), the ratio, and the largest gap between the two
 losses on the same batch, relative to the loss (or to 1, if smaller); they should agree (same weights, same
-formula), and the script fails when they differ by more than 1e-3.
+formula), and the script fails when they differ by more than 1e-3. Also printed: the fraction of this machine's bound
+rlvr reaches (LoRA on frozen weights costs at least 4 x linear multiply-adds FLOPs a token: the forward, and the
+input gradient of every frozen matmul) and the process's peak memory.
 
-    python bench/train_throughput.py [--batches 4] [--batch-size 32] [--max-tokens 64] [--json PATH]
+    python bench/train_throughput.py [--model smollm2-135m] [--rank 16] [--batches 4] [--batch-size 32]
+                                     [--max-tokens 64] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import sys
 import time
@@ -35,9 +40,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import load_average, machine, positive_int, write_json
+from bench.common import (
+    BENCH_MODELS,
+    bench_model,
+    linear_shape,
+    load_average,
+    machine,
+    matmul_flops,
+    positive_int,
+    write_json,
+)
 
-RANK, ALPHA, LEARNING_RATE, CLIP, SEED = 16, 32, 2e-4, 0.2, 0
+ALPHA, LEARNING_RATE, CLIP, SEED = 32, 2e-4, 0.2, 0
 GROUP = 8
 """Sequences per prompt (advantages are centred within each group)."""
 
@@ -103,17 +117,15 @@ def sampler_logprobs(client: Any, batch: list[dict[str, Any]]) -> list[list[floa
 
 # -- the plain PyTorch + peft baseline ----------------------------------------------------------------------------
 
-def baseline_model(targets: list[str]) -> tuple[Any, torch.optim.Optimizer]:
-    """SmolLM2 from the same folder, a peft LoRA drawn from the same seed, and a plain AdamW."""
+def baseline_model(folder: str, targets: list[str], rank: int) -> tuple[Any, torch.optim.Optimizer]:
+    """The model from the same folder, a peft LoRA drawn from the same seed, and a plain AdamW."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rlvr.engine.models import ensure_smollm2
-
-    model = AutoModelForCausalLM.from_pretrained(ensure_smollm2(), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     model.requires_grad_(False)
     torch.manual_seed(SEED)
-    model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, bias="none",
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=ALPHA, lora_dropout=0.0, bias="none",
                                              target_modules=targets))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
@@ -143,14 +155,16 @@ def baseline_forward_backward(model: Any, batch: list[dict[str, Any]], logprobs:
 
 # -- measuring ----------------------------------------------------------------------------------------------------
 
-def measure(batches: int, batch_size: int, max_tokens: int, warmup: int) -> dict[str, Any]:
+def measure(model_name: str, rank: int, batches: int, batch_size: int, max_tokens: int, warmup: int
+            ) -> dict[str, Any]:
     import rlvr
     from rlvr import types
 
-    client = rlvr.ServiceClient().create_lora_training_client(base_model="smollm2-135m", rank=RANK, seed=SEED)
+    base_model, folder = bench_model(model_name)
+    client = rlvr.ServiceClient().create_lora_training_client(base_model=base_model, rank=rank, seed=SEED)
     tokenizer = client.get_tokenizer()
     targets = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in client.parameters()})
-    model, optimizer = baseline_model(targets)
+    model, optimizer = baseline_model(folder, targets, rank)
     adam = types.AdamParams(learning_rate=LEARNING_RATE)  # betas (0.9, 0.95), eps 1e-12, no decay or clipping
     all_batches = make_batches(tokenizer, warmup + batches, batch_size, max_tokens)
     rows: list[dict[str, float]] = []
@@ -190,7 +204,10 @@ def measure(batches: int, batch_size: int, max_tokens: int, warmup: int) -> dict
     tokens = sum(r["tokens"] for r in counted)
     ours = tokens / sum(r["rlvr_s"] for r in counted)
     theirs = tokens / sum(r["baseline_s"] for r in counted)
+    bound = matmul_flops() / (4 * linear_shape(folder)["linear_params"])
     return {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs, "ratio": ours / theirs,
+            "bound_tokens_per_s": bound, "fraction_of_bound": ours / bound,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "max_loss_gap": max(r["loss_gap"] for r in rows),
             "rlvr_optim_s": statistics.fmean(r["rlvr_optim_s"] for r in counted),
             "baseline_optim_s": statistics.fmean(r["baseline_optim_s"] for r in counted), "batches": rows}
@@ -198,6 +215,8 @@ def measure(batches: int, batch_size: int, max_tokens: int, warmup: int) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help=BENCH_MODELS)
+    parser.add_argument("--rank", type=positive_int, default=16, help="LoRA rank (default 16)")
     parser.add_argument("--batches", type=positive_int, default=4, help="measured batches (default 4)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="sequences per batch (default 32)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="longest completion (default 64)")
@@ -205,19 +224,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the figures to this JSON file")
     args = parser.parse_args(argv)
     load_before = load_average()
-    print(f"smollm2-135m, LoRA r{RANK}, ppo loss; {args.batches} batches of {args.batch_size} sequences "
+    print(f"{args.model}, LoRA r{args.rank}, ppo loss; {args.batches} batches of {args.batch_size} sequences "
           f"(+{args.warmup} warm-up), completions up to {args.max_tokens} tokens; {torch.get_num_threads()} threads, "
           f"load average {load_before}", flush=True)
-    result = measure(args.batches, args.batch_size, args.max_tokens, args.warmup)
-    print(f"forward_backward tokens/s: rlvr {result['rlvr_tokens_per_s']:.0f}, plain torch+peft "
-          f"{result['baseline_tokens_per_s']:.0f}, ratio {result['ratio']:.2f}x; optim_step "
+    result = measure(args.model, args.rank, args.batches, args.batch_size, args.max_tokens, args.warmup)
+    print(f"forward_backward tokens/s: rlvr {result['rlvr_tokens_per_s']:.0f} ({result['fraction_of_bound']:.2f} of "
+          f"the bound {result['bound_tokens_per_s']:.0f}), plain torch+peft "
+          f"{result['baseline_tokens_per_s']:.0f}, ratio {result['ratio']:.2f}x; peak memory (both, one process) "
+          f"{result['peak_rss_bytes'] / 2**30:.1f} GiB; optim_step "
           f"{result['rlvr_optim_s'] * 1e3:.0f} ms vs {result['baseline_optim_s'] * 1e3:.0f} ms; "
           f"largest loss gap {result['max_loss_gap']:.1e} (relative)")
     if args.json:
         write_json(args.json, {"benchmark": "train_throughput", "machine": machine(),
                                "load_average": {"before": load_before, "after": load_average()},
-                               "settings": {"batches": args.batches, "batch_size": args.batch_size,
-                                            "max_tokens": args.max_tokens, "warmup": args.warmup, "rank": RANK,
+                               "settings": {"model": args.model, "batches": args.batches,
+                                            "batch_size": args.batch_size, "max_tokens": args.max_tokens,
+                                            "warmup": args.warmup, "rank": args.rank,
                                             "loss": "ppo"}, **result})
     if result["max_loss_gap"] > 1e-3:
         print(f"error: rlvr's and the baseline's losses differ by up to {result['max_loss_gap']:.2e} (relative) on the "

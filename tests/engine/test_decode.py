@@ -1,19 +1,21 @@
 """LlamaDecoder: its decode steps give the model's own logits (plain forward over the whole sequence, no cache),
-with and without LoRA, packed or not, through lazy row dropping, with PyTorch's attention ops and with the fused
-kernel; unsupported models fall back; draw() samples the distribution it is given."""
+for Llama, Qwen2 (q/k/v biases) and Qwen3 (q/k norms), with and without LoRA, packed or not, through lazy row
+dropping, with PyTorch's attention ops and with the fused kernel; unsupported models fall back; draw() samples the
+distribution it is given."""
 
 import copy
 import dataclasses
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr import types
 from rlvr.engine import decode, fused_attention
 from rlvr.engine.decode import LlamaDecoder
 from rlvr.engine.lora import AdapterHost, LoraSpec
-from rlvr.engine.models import load_base_model
+from rlvr.engine.models import LoadedModel, load_base_model
+from rlvr.engine.random_models import small_config
 from rlvr.engine.sampler import SampleJob, draw, prefill, resolve_params, sample_batch
 
 
@@ -29,15 +31,31 @@ def tiny_with_head_size_16():
     return dataclasses.replace(tiny, model=model)
 
 
-@pytest.fixture(scope="module", params=["tiny", "fused"])
+def small(architecture: str) -> LoadedModel:
+    """A two-layer random model of ``architecture`` (heads of 16, two query heads per key/value head) in tiny's
+    place: tiny's tokenizer, the same vocabulary."""
+    tiny = load_base_model("tiny")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        config = small_config(architecture)
+        model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
+    return dataclasses.replace(tiny, model=model)
+
+
+@pytest.fixture(scope="module", params=["tiny", "fused", "qwen2", "qwen3"])
 def host(request):
     """tiny with a LoRA adapter whose B matrices are not zero, so the adapter changes every projection; "fused": the
-    same on heads of 16, where the decoder attends with the fused kernel (skipped where it cannot run)."""
+    same on heads of 16, where the decoder attends with the fused kernel (skipped where it cannot run); "qwen2",
+    "qwen3": small random models of those architectures (heads of 16: the fused kernel where it runs)."""
+    if request.param != "tiny" and not fused_attention.buildable():
+        pytest.skip("the fused attention kernel cannot run here (no AVX-512 or AVX2, or no C compiler)")
     if request.param == "fused":
-        if not fused_attention.buildable():
-            pytest.skip("the fused attention kernel cannot run here (no AVX-512 or AVX2, or no C compiler)")
         assert fused_attention.kernel() is not None  # built, and it agreed with PyTorch on its self-check
-    host = AdapterHost(load_base_model("tiny") if request.param == "tiny" else tiny_with_head_size_16())
+    model = {"tiny": lambda: load_base_model("tiny"), "fused": tiny_with_head_size_16}.get(
+        request.param, lambda: small(request.param))()
+    assert type(model.model).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
+        request.param, "LlamaForCausalLM")
+    host = AdapterHost(model)
     host.add("tuned", LoraSpec(rank=4), seed=0)
     with torch.no_grad():
         for name, param in host.parameters("tuned").items():
@@ -152,8 +170,10 @@ def test_adapter_changes_the_logits(host):
 
 
 def test_other_architectures_fall_back_to_hugging_face():
+    # sliding-window layers (Qwen2 with use_sliding_window): not this decoder's attention
     config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         use_sliding_window=True, sliding_window=4, max_window_layers=0)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
     assert LlamaDecoder.build(model) is None

@@ -57,7 +57,8 @@ def test_plan_covers_every_row_once_within_the_token_budget():
 def model():
     base, tokenizer = build_tiny_model()
     torch.manual_seed(0)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"],
+                        init_lora_weights=False)
     return get_peft_model(base, config), tokenizer.pad_token_id
 
 
@@ -72,10 +73,21 @@ def _lora_grads(model) -> dict[str, torch.Tensor]:
     return grads
 
 
+def chunked(monkeypatch, rows: int = 5) -> None:
+    """Every forward's logits over the size limit: the output layer runs on target positions, ``rows`` at a time."""
+    monkeypatch.setattr(prefix, "LOGITS_MAX_BYTES", 0)
+    monkeypatch.setattr(prefix, "CHUNK_VALUES", rows * 259)  # tiny's vocabulary
+
+
+@pytest.mark.parametrize("logits", ["whole", "chunked"])
 @pytest.mark.parametrize(("max_tokens", "min_bucket"), [(64, 512), (4096, 512), (4096, 1)])
-def test_logprobs_and_gradients_equal_one_forward_per_datum(model, max_tokens, min_bucket, monkeypatch):
-    """Several microbatches; all clusters in one; and the rests of the rows in several suffix forwards."""
+def test_logprobs_and_gradients_equal_one_forward_per_datum(model, max_tokens, min_bucket, logits, monkeypatch):
+    """Several microbatches; all clusters in one; and the rests of the rows in several suffix forwards; the logits
+    whole, or only at target positions in chunks of 5 rows, recomputed in the backward pass (the LoRA on the output
+    layer gets its gradient through the recomputation)."""
     monkeypatch.setattr(prefix, "MIN_BUCKET", min_bucket)
+    if logits == "chunked":
+        chunked(monkeypatch)
     model, pad_id = model
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (12, 9)]
@@ -106,15 +118,19 @@ def test_logprobs_and_gradients_equal_one_forward_per_datum(model, max_tokens, m
     grads = _lora_grads(model)
     assert grads.keys() == expected_grads.keys() and grads
     for name, grad in grads.items():
-        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(grad, expected_grads[name], atol=3e-5, rtol=1e-4,
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="the run-to-run difference needs two threads to show")
-def test_a_group_gives_the_same_gradients_bit_for_bit_every_time(model):
+@pytest.mark.parametrize("logits", ["whole", "chunked"])
+def test_a_group_gives_the_same_gradients_bit_for_bit_every_time(model, logits, monkeypatch):
     """16 answers to a 160-token prompt: the prompt's keys and values, which every answer reads, and the prompt's
     logprobs, which every answer's datum holds, recur 16 times. Their gradients must be summed in the same order on
     every run (advanced indexing summed them with parallel atomic adds once 32k elements were scattered, here 16 x 2
     heads x 160 x 24, and two runs in one process differed in the last bits: issue 34's cross-process drift)."""
+    if logits == "chunked":
+        chunked(monkeypatch, rows=64)
     model, pad_id = model
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(3, 200, (160,), generator=g).tolist()

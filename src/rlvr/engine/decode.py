@@ -26,9 +26,11 @@ The prompt is prefilled by the model's own forward (so prompt processing is Hugg
 token's logits are its logits); from there each step is this module's. ``tests/engine/test_decode.py`` checks
 its logits against the model's forward, with and without LoRA.
 
-Supported: ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, the tiny test model), optionally wrapped by peft with plain
-LoRA adapters. Anything else (another architecture, DoRA, a LoRA bias, sliding windows) returns ``None`` from
-``LlamaDecoder.build`` and the sampler decodes through Hugging Face's forward instead.
+Supported: ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, the tiny test model), ``Qwen2ForCausalLM`` (Qwen2 and
+Qwen2.5: biases on q, k and v) and ``Qwen3ForCausalLM`` (an RMSNorm over each query and key head before the rotary
+embedding), optionally wrapped by peft with plain LoRA adapters. Anything else (another architecture, DoRA, a LoRA
+bias, sliding-window layers) returns ``None`` from ``LlamaDecoder.build`` and the sampler decodes through Hugging
+Face's forward instead.
 
 Not here: choosing tokens and stopping rows (``sampler.py``).
 """
@@ -42,8 +44,9 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.engine import amx_linear, fused_attention
-from rlvr.engine.packed import PACK_MAX_BYTES, fastest_kind, model_kind, pack, pack_kinds, packed_linear
+from rlvr.engine.packed import fastest_kind, model_kind, pack, pack_kinds, packed_linear, packs_fit
 
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")  # the Llama family this step runs
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
 TIMING_ROWS = 64  # the batch the decode kernel is chosen at (once per process): 8 prompts x 8 samples
 MACHINE_BALANCE = 20.0  # FLOPs per byte of memory read at which a 2-core CPU's matmuls and memory take equal time
@@ -160,7 +163,7 @@ def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], r
     and are rebuilt when a batch of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)
     bf16 = model_kind(causal_lm) == "bf16"  # the trainer multiplies in bfloat16: so must the sampler
-    if not bf16 and (not pack_kinds() or size > PACK_MAX_BYTES):
+    if not bf16 and (not pack_kinds() or not packs_fit(size)):
         return
     kind, packed_rows, packs = _PACKS.get(causal_lm, (None, 0, []))
     if kind is None:
@@ -188,6 +191,8 @@ class _Layer:
     mlp_norm: torch.nn.Module
     gate_up: _Projections
     down: _Projections
+    q_norm: torch.nn.Module | None = None  # Qwen3: an RMSNorm over each query head, and one over each key head
+    k_norm: torch.nn.Module | None = None
 
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -259,14 +264,17 @@ class LlamaDecoder:
         """A decoder over ``model`` (a Llama causal LM, peft-wrapped or not) with its active adapters, or None."""
         causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = getattr(causal_lm, "config", None)
-        if type(causal_lm).__name__ != "LlamaForCausalLM" or getattr(config, "hidden_act", None) != "silu":
+        if type(causal_lm).__name__ not in ARCHITECTURES or getattr(config, "hidden_act", None) != "silu":
             return None
+        if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+            return None  # sliding-window layers (a Qwen2 with use_sliding_window)
         try:
             layers = [
                 _Layer(layer.input_layernorm,
                        _projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
                        _projections([layer.self_attn.o_proj]), layer.post_attention_layernorm,
-                       _projections([layer.mlp.gate_proj, layer.mlp.up_proj]), _projections([layer.mlp.down_proj]))
+                       _projections([layer.mlp.gate_proj, layer.mlp.up_proj]), _projections([layer.mlp.down_proj]),
+                       getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None))
                 for layer in causal_lm.model.layers
             ]
             head = _projections([causal_lm.lm_head])
@@ -353,7 +361,11 @@ class LlamaDecoder:
         for layer, keys, values, prompt_keys, prompt_values in zip(
                 self.layers, self.keys, self.values, self.prompt_keys, self.prompt_values, strict=True):
             qkv = layer.qkv(x, norm=layer.attn_norm)  # (S, (H + 2G) D)
-            qk = _rotate(qkv[:, : (H + G) * D].view(S, H + G, D), cos, signed_sin)  # queries and the new keys
+            qk = qkv[:, : (H + G) * D].view(S, H + G, D)  # queries and the new keys
+            if layer.q_norm is not None:
+                qk[:, :H] = _rms_norm(layer.q_norm, qk[:, :H])
+                qk[:, H:] = _rms_norm(layer.k_norm, qk[:, H:])
+            qk = _rotate(qk, cos, signed_sin)
             attended = self._attend(qk, qkv[:, (H + G) * D :], keys, values, prompt_keys, prompt_values, column, out)
             x = x.add_(layer.o(attended))
             x = x.add_(layer.down(layer.gate_up(x, norm=layer.mlp_norm), gated=True))

@@ -18,10 +18,13 @@ keeps the fastest (runs then repeat only as far as the timings do); ``RLVR_MATMU
 ``bf16x3``) fixes the choice, for runs that must repeat bit for bit across machines: rounding changes which rare
 token a draw lands on, so each kind gives one seed its own trajectory.
 
-Two users: the sampler's decode steps (``decode.py`` packs its fused projections, for models whose float32
-projections fit in ``PACK_MAX_BYTES``) and the trainer (``pack_frozen_linears`` gives every frozen ``nn.Linear`` a
-packed weight and its packed transpose, so the forward product and the input gradient both run on oneDNN's kernel:
-float32 where timing picks it, bfloat16 when asked). The trainer never takes MKL's or the AMX kernel.
+Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer
+(``pack_frozen_linears`` gives every frozen ``nn.Linear`` a packed weight and its packed transpose, so the forward
+product and the input gradient both run on oneDNN's kernel: float32 where timing picks it, bfloat16 when asked). The
+trainer never takes MKL's or the AMX kernel. Each pack is one more copy of the weights (the trainer's two), so a
+model is packed only where its copies fit in ``PACK_MEMORY_FRACTION`` of the machine's memory (``packs_fit``: a
+0.5B model's float32 copies on 24 GiB, not a 1B model's); the same answer in every process of a machine, so they
+round alike.
 
 Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default.
 ``precision="bfloat16"`` (``Engine(precision=...)``, the ``precision`` config key, or ``RLVR_PRECISION``) runs every
@@ -46,8 +49,22 @@ from rlvr.engine import amx_linear
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision
 
-PACK_MAX_BYTES = 2**30  # pack only models whose float32 linear weights fit in this (each pack is one more copy)
+PACK_MEMORY_FRACTION = 0.25  # of the machine's memory, for the packs of one use (sampler or trainer) of one model
 _CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def packs_fit(nbytes: int) -> bool:
+    """Whether packs of ``nbytes`` (more copies of frozen weights) fit in ``PACK_MEMORY_FRACTION`` of this machine's
+    memory (at least 1 GiB, what a machine that does not say its memory gets)."""
+    return nbytes <= max(2**30, PACK_MEMORY_FRACTION * machine_memory())
 
 
 def supported_precision(precision: str | None = None) -> str:
@@ -194,12 +211,12 @@ def pack_frozen_linears(model: torch.nn.Module, precision: str = "float32") -> i
     """Run every frozen float32 ``nn.Linear`` of ``model`` on packed weights (forward and input gradient): in
     bfloat16 when ``precision`` is (see ``base_precision``), else on oneDNN's float32 pack when that is faster here than
     ``F.linear`` (or ``RLVR_MATMUL=mkldnn`` asks for it); returns how many were packed. The packs are two more
-    copies of the weights, so float32 models over ``PACK_MAX_BYTES`` are left alone."""
+    copies of the weights, so float32 models whose copies do not fit (``packs_fit``) are left alone."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad
                and m.weight.dtype == torch.float32]
     size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
     bf16 = base_precision(precision) == "bfloat16"  # asked for: packed whatever the size (its packs are half-size)
-    if not linears or (size > PACK_MAX_BYTES and not bf16):
+    if not linears or (not packs_fit(2 * size) and not bf16):
         return 0
     if bf16:
         kind = "bf16"

@@ -10,6 +10,13 @@ the shared keys and values into the prefix, so the logprobs and gradients equal 
 to float rounding (tests compare them). A datum that shares nothing is a cluster of one whose prefix is the whole
 datum: a batch with no sharing is one plain forward.
 
+The output layer runs on the decoder's hidden states. Where a forward's float32 logits would pass
+``LOGITS_MAX_BYTES`` (a 151,936-entry vocabulary at 4096 tokens is 2.5 GB, and its log-softmax's backward as much
+again), only the positions that have a target go through it, each (position, target) once, a chunk of rows at a time,
+and each chunk is recomputed in the backward pass instead of kept (``packing.target_logprobs``): one more pass of the
+output layer for memory that no longer grows with the batch. Below it the whole logits tensor is taken, as fast as
+before.
+
 Not here: datum checking (``batch.py``), losses (``losses.py``).
 """
 
@@ -22,6 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.engine.kv_cache import cache_kwargs, returned_cache
+from rlvr.engine.packing import target_logprobs
 
 MIN_SHARED = 4
 """Shortest common prefix worth a cluster (tokens)."""
@@ -29,6 +37,10 @@ MIN_BUCKET = 512
 """Token positions a suffix forward holds before rows of quite different length start another."""
 BUCKET_FILL = 0.75
 """A row joins the current suffix forward when it is at least this fraction of the forward's width."""
+LOGITS_MAX_BYTES = 2**30
+"""A forward's float32 logits above this size are computed a chunk of target positions at a time."""
+CHUNK_VALUES = 2**25
+"""Logits in one chunk (rows x vocabulary; 128 MB of float32): 220 rows of a 151,936-entry vocabulary."""
 
 
 @dataclass(frozen=True)
@@ -125,15 +137,18 @@ def cluster_logprobs(
         prefix_ids[u, :cluster.shared] = input_ids[cluster.rows[0]][:cluster.shared]
         prefix_mask[u, :cluster.shared] = 1
     positions = torch.arange(width).expand(len(clusters), width)
-    out = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=positions,
-                **cache_kwargs(DynamicCache()))
-    prefix_logits = out.logits.float()  # (U, W, V)
-    prefix_lse = prefix_logits.logsumexp(-1)  # (U, W)
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = causal_lm.get_decoder(), causal_lm.get_output_embeddings()
+    vocab = causal_lm.config.get_text_config().vocab_size
+    out = decoder(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=positions,
+                  **cache_kwargs(DynamicCache()))
+    prefix_hidden = out.last_hidden_state  # (U, W, H)
 
     members = [(u, r) for u, cluster in enumerate(clusters) for r in cluster.rows]
     rests = [lengths[r] - clusters[u].shared for u, r in members]
     kv = [(layer.keys, layer.values) for layer in returned_cache(out).layers]  # (U, H, W, D) each
-    tails = {j: prefix_lse.new_zeros((0, *targets[r].shape[1:])) for j, (_, r) in enumerate(members) if rests[j] == 0}
+    tails = {j: prefix_hidden.new_zeros((0, *targets[r].shape[1:]), dtype=torch.float32)
+             for j, (_, r) in enumerate(members) if rests[j] == 0}
     for bucket in _buckets([j for j, rest in enumerate(rests) if rest], rests):
         width = rests[bucket[0]]
         suffix_ids = torch.full((len(bucket), width), pad_id, dtype=torch.long)  # (B, S)
@@ -145,39 +160,50 @@ def cluster_logprobs(
         cluster_of = torch.tensor([members[j][0] for j in bucket])  # (B,)
         starts = torch.tensor([clusters[members[j][0]].shared for j in bucket])  # (B,)
         cache = DynamicCache(ddp_cache_data=[(k.index_select(0, cluster_of), v.index_select(0, cluster_of))
-                                             for k, v in kv])  # each row's cluster's prefix (see _gather on why)
-        logits = model(input_ids=suffix_ids, attention_mask=torch.cat([prefix_mask[cluster_of], suffix_mask], -1),
-                       position_ids=starts[:, None] + torch.arange(width), **cache_kwargs(cache)
-                       ).logits.float()  # (B, S, V)
+                                             for k, v in kv])  # each row's cluster's prefix
+        hidden = decoder(input_ids=suffix_ids, attention_mask=torch.cat([prefix_mask[cluster_of], suffix_mask], -1),
+                         position_ids=starts[:, None] + torch.arange(width), **cache_kwargs(cache)
+                         ).last_hidden_state  # (B, S, H)
         rows = [b for b, j in enumerate(bucket) for _ in range(rests[j])]
         steps = [t for j in bucket for t in range(rests[j])]
         tokens = torch.cat([targets[members[j][1]][-rests[j]:] for j in bucket])
-        values = _gather(logits, logits.logsumexp(-1), rows, steps, tokens)  # one gather per forward
+        values = _target_logprobs(head, hidden, vocab, rows, steps, tokens)  # one gather per forward
         tails.update(zip(bucket, values.split([rests[j] for j in bucket]), strict=True))
 
     # One gather over the prefix logits (a gather per row would make its backward fill a logits-sized tensor each).
     rows = [u for u, r in members for _ in range(clusters[u].shared)]
     steps = [t for u, _ in members for t in range(clusters[u].shared)]
     tokens = torch.cat([targets[r][:clusters[u].shared] for u, r in members])
-    head = _gather(prefix_logits, prefix_lse, rows, steps, tokens)
-    heads = head.split([clusters[u].shared for u, _ in members])
+    heads = _target_logprobs(head, prefix_hidden, vocab, rows, steps, tokens).split(
+        [clusters[u].shared for u, _ in members])
     return {r: torch.cat([h, tails[j]]) for j, ((_, r), h) in enumerate(zip(members, heads, strict=True))}
 
 
-def _gather(logits: torch.Tensor, lse: torch.Tensor, rows: list[int], steps: list[int], tokens: torch.Tensor
-            ) -> torch.Tensor:
-    """``logits[rows, steps, tokens] - lse[rows, steps]`` for targets (M,) or top-K targets (M, K).
+def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, vocab: int, rows: list[int], steps: list[int],
+                     tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(head(hidden[rows, steps]))[tokens], (M,) for targets (M,) or (M, K) for top-K targets (M, K):
+    through the whole logits tensor, or, where that would pass ``LOGITS_MAX_BYTES``, only at the (position, target)
+    pairs asked for, each once (a cluster's members ask for its shared positions alike), in chunks.
 
-    Taken with ``index_select`` on the flattened tensors, not advanced indexing: the same (row, step) recurs for every
+    Taken with ``index_select`` on flattened tensors, not advanced indexing: the same (row, step) recurs for every
     datum of a cluster, and advanced indexing's backward adds such repeats with parallel atomic adds once the
     gradient it scatters has 32k elements (torch's grain size), in an order that differs from run to run;
     ``index_select``'s backward adds them in index order, so a seed gives the same gradients bit for bit."""
-    _, width, vocab = logits.shape
+    batch, width, size = hidden.shape
     at = torch.tensor(rows, dtype=torch.long) * width + torch.tensor(steps, dtype=torch.long)  # (M,)
-    if tokens.dim() == 2:
-        at = at[:, None].expand_as(tokens)
-    picked = logits.reshape(-1).index_select(0, (at * vocab + tokens.long()).reshape(-1)).view(at.shape)
-    return picked - lse.reshape(-1).index_select(0, at.reshape(-1)).view(at.shape)
+    if batch * width * vocab * 4 <= LOGITS_MAX_BYTES:
+        logits = head(hidden).float()  # (B, W, V)
+        lse = logits.logsumexp(-1)
+        if tokens.dim() == 2:
+            at = at[:, None].expand_as(tokens)
+        picked = logits.reshape(-1).index_select(0, (at * vocab + tokens.long()).reshape(-1)).view(at.shape)
+        return picked - lse.reshape(-1).index_select(0, at.reshape(-1)).view(at.shape)
+    pairs = torch.cat([at[:, None], tokens.long().reshape(len(at), -1)], dim=1)  # (M, 1 + K)
+    unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)  # sorted: the same order on every run
+    wanted = unique[:, 1:] if tokens.dim() == 2 else unique[:, 1]
+    values = target_logprobs(hidden.reshape(-1, size).index_select(0, unique[:, 0]), head, wanted,
+                             max(1, CHUNK_VALUES // vocab))
+    return values.index_select(0, inverse)
 
 
 def _buckets(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
