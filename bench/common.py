@@ -108,8 +108,8 @@ def bench_model(name: str) -> tuple[str, str]:
     """The ``base_model`` rlvr is given for ``name`` and the Hugging Face folder the baselines load: the embedded
     SmolLM2-135M, or a published shape (``random_models.REAL_SHAPES``) with random weights, float32, written once
     under ``$RLVR_HOME/models/random-<name>`` (speed does not depend on the weights; no download)."""
-    from rlvr.engine.models import ensure_smollm2, rlvr_home
-    from rlvr.engine.random_models import REAL_SHAPES, real_config, write_model_folder
+    from rlvr.engine.models.load import ensure_smollm2, rlvr_home
+    from rlvr.engine.models.random_models import REAL_SHAPES, real_config, write_model_folder
 
     if name == "smollm2-135m":
         return name, str(ensure_smollm2())

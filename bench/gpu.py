@@ -1,8 +1,9 @@
 """rlvr on one GPU: sampling, training and an RL step, against what a user would otherwise run on the same GPU.
 
 For models of the Qwen2.5-0.5B, Llama-3.2-1B and Qwen3-4B shapes (random weights with the real shapes and
-vocabularies, written by ``rlvr.engine.random_models``: no download), in one process on one GPU, in bfloat16 (rlvr's
-CUDA default; the baselines load the same folder in bfloat16 with transformers' default attention, SDPA):
+vocabularies, written by ``rlvr.engine.models.random_models``: no download), in one process on one GPU, in
+bfloat16 (rlvr's CUDA default; the baselines load the same folder in bfloat16 with transformers' default attention,
+SDPA):
 
 - **sampling**: tokens/s at ``--sizes`` sequences (64, 256, 1024) x ``--max-tokens`` new tokens (512), groups of
   8 samples per prompt, 128-token prompts, temperature 1, no early stop; rlvr's sampler (no adapter) against Hugging
@@ -479,8 +480,8 @@ def measure_model(name: str, config: Any, bounds: dict, args: argparse.Namespace
     import rlvr
     from rlvr.engine import Engine
     from rlvr.engine.device import GpuPaths
-    from rlvr.engine.models import load_base_model
-    from rlvr.engine.random_models import write_model_folder
+    from rlvr.engine.models.load import load_base_model
+    from rlvr.engine.models.random_models import write_model_folder
 
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     folder = str(write_model_folder(config, work / name, seed=0, dtype=dtype, device=device))
@@ -507,7 +508,7 @@ def measure_model(name: str, config: Any, bounds: dict, args: argparse.Namespace
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from rlvr.engine.random_models import REAL_SHAPES, real_config, small_config
+    from rlvr.engine.models.random_models import REAL_SHAPES, real_config, small_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="qwen2.5-0.5b,llama-3.2-1b,qwen3-4b", help=f"of {sorted(REAL_SHAPES)}")

@@ -49,8 +49,8 @@ from bench.common import BENCH_MODELS, bench_model, linear_shape, matmul_flops, 
 import rlvr
 from rlvr import types
 from rlvr.engine import Engine
-from rlvr.engine.models import load_base_model
-from rlvr.engine.packed import bfloat16_supported, chosen_kind
+from rlvr.engine.cpu.packed import bfloat16_supported, chosen_kind
+from rlvr.engine.models.load import load_base_model
 from rlvr.precision import PRECISIONS
 
 
@@ -152,7 +152,7 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
               flush=True)
     vllm = None
     if args.vllm_python:
-        from rlvr.engine.models import model_folder
+        from rlvr.engine.models.load import model_folder
 
         service = rlvr.ServiceClient(engine)
         lora, adapter = lora_sampler(service, tokenizer, base_model)

@@ -33,7 +33,7 @@ from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDatasetBuil
 from tinker_cookbook.rl import train
 from transformers import AutoTokenizer
 
-from rlvr.engine.models import ensure_smollm2
+from rlvr.engine.models.load import ensure_smollm2
 
 MODEL = "smollm2-135m"
 RENDERER = "qwen3_instruct"

@@ -45,6 +45,14 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
      "packages: rl/ must not 'import torch': rlvr.metrics is what rl/ and engine/ share, so it stays torch-free"),
     ("rlvr.fileio", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
      "packages: rl/ must not 'import torch': rlvr.fileio is what every layer writes run files with"),
+    ("rlvr.engine.gpu", ("rlvr.engine.cpu",),
+     "the engine's rooms: the GPU paths never load the CPU kernels (a CUDA engine imports none of them)"),
+    ("rlvr.engine.cpu", ("rlvr.engine.gpu",), "the engine's rooms: the CPU kernels know nothing of the GPU paths"),
+    (("rlvr.engine", ("rlvr.engine.engine", "rlvr.engine.gpu")), ("rlvr.engine.gpu",),
+     "the engine's rooms: the GPU paths are chosen in one place, the worker (engine.py)"),
+    *((f"rlvr.engine.{room}", ("rlvr.engine.engine", "rlvr.engine.sample_queue"),
+       "the engine's rooms: models/, train/, sample/, cpu/ and gpu/ sit below the worker; arrows point down only")
+      for room in ("models", "train", "sample", "cpu", "gpu")),
     (ALL_BUT_RAY_HOMES, ("ray", "vllm"),
      "packages: distributed/ holds 'Ray actors ... vLLM sampler backend' and must not 'be required on a laptop'"),
 ]
@@ -169,10 +177,19 @@ def test_planted_forbidden_imports_are_caught(tmp_path):
         "rlvr/client.py": "from rlvr.engine.engine import Engine\n",
         "rlvr/server/app.py": "from vllm import LLM\n",
         "rlvr/distributed/cluster.py": "import ray\nimport vllm\n",
+        "rlvr/engine/gpu/device_sampler.py": "from rlvr.engine.cpu import packed\n",
+        "rlvr/engine/train/prefix.py": "from rlvr.engine.gpu.packing import plan\n",
+        "rlvr/engine/sample/sampler.py": "def late():\n    from rlvr.engine.engine import Engine\n",
     })
     found = violations(package)
     assert [line.split(" [")[0] for line in found] == [
         "rlvr/engine/engine.py:1: rlvr.engine.engine imports rlvr.rewards, which rlvr.engine must not import",
+        "rlvr/engine/gpu/device_sampler.py:1: rlvr.engine.gpu.device_sampler imports rlvr.engine.cpu, which "
+        "rlvr.engine.gpu must not import",
+        "rlvr/engine/sample/sampler.py:2: rlvr.engine.sample.sampler imports rlvr.engine.engine, which "
+        "rlvr.engine.sample must not import",
+        "rlvr/engine/train/prefix.py:1: rlvr.engine.train.prefix imports rlvr.engine.gpu.packing, which rlvr.engine "
+        "must not import (outside rlvr.engine.engine, rlvr.engine.gpu)",
         "rlvr/rewards/math.py:3: rlvr.rewards.math imports rlvr.rl.loop, which rlvr.rewards must not import",
         "rlvr/rl/loop.py:6: rlvr.rl.loop imports rlvr.engine, which rlvr.rl must not import",
         "rlvr/rl/tensafe/__init__.py:2: rlvr.rl.tensafe imports rlvr.engine.lora, which rlvr.rl must not import",

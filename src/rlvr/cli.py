@@ -181,7 +181,7 @@ def plot(run_dir: str = typer.Argument(..., help="A run folder holding metrics.j
 @app.command()
 def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedded model now.")) -> None:
     """List the built-in base models (and fetch the embedded one with --fetch)."""
-    from rlvr.engine.models import SMOLLM2, ensure_smollm2, rlvr_home
+    from rlvr.engine.models.load import SMOLLM2, ensure_smollm2, rlvr_home
 
     cached = (rlvr_home() / "models" / SMOLLM2 / "config.json").exists()
     typer.echo("tiny            ~330k-parameter random Llama with a byte tokenizer (built in code; tests, rpn)")

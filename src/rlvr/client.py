@@ -34,9 +34,9 @@ from transformers import PreTrainedTokenizerBase
 from rlvr.engine import checkpoint
 from rlvr.engine.device import resolve_device
 from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
-from rlvr.engine.lora import LORA_ALPHA, LoraSpec
-from rlvr.engine.models import canonical_name
-from rlvr.engine.scores import ScoreRequest
+from rlvr.engine.models.load import canonical_name
+from rlvr.engine.models.lora import LORA_ALPHA, LoraSpec
+from rlvr.engine.sample.scores import ScoreRequest
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision
 
@@ -163,7 +163,7 @@ class ServiceClient:
     create_sampling_client_async = _async_of(create_sampling_client)
 
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
-        from rlvr.engine.models import SMOLLM2
+        from rlvr.engine.models.load import SMOLLM2
 
         return types.GetServerCapabilitiesResponse(
             supported_models=[types.SupportedModel(model_name=name) for name in ("tiny", SMOLLM2)])
@@ -197,7 +197,7 @@ class TrainingClient(_SelfFuture):
 
     def forward_backward(self, data: list[types.Datum], loss_fn: str,
                          loss_fn_config: Mapping[str, float] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
-        """Accumulate the gradient of ``loss_fn`` (see ``rlvr.engine.losses.LOSSES``) summed over ``data``."""
+        """Accumulate the gradient of ``loss_fn`` (see ``rlvr.engine.train.losses.LOSSES``) summed over ``data``."""
         return self.engine.submit(self.engine.forward, self._trainer, data, loss_fn, _dict(loss_fn_config), True)
 
     def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn
@@ -300,8 +300,8 @@ class SamplingClient(_SelfFuture):
         prompt_logprobs_last_n: int | None = None,
     ) -> APIFuture[types.SampleResponse]:
         """``num_samples`` continuations of ``prompt``; each has tokens, one logprob per token (under the model at
-        temperature 1, see ``rlvr.engine.sampler``) and a stop reason (``"stop"`` or ``"length"``). The other
-        arguments are Tinker's optional prompt and sample scores (``rlvr.engine.scores``)."""
+        temperature 1, see ``rlvr.engine.sample.sampler``) and a stop reason (``"stop"`` or ``"length"``). The other
+        arguments are Tinker's optional prompt and sample scores (``rlvr.engine.sample.scores``)."""
         scores = ScoreRequest(include_prompt_logprobs, topk_prompt_logprobs, topk_sample_logprobs,
                               target_prompt_logprobs, prompt_alt_tokens_k, prompt_logprobs_last_n)
         return self.engine.submit_sample(self._handle, prompt, num_samples, sampling_params, scores=scores)

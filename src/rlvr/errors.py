@@ -36,7 +36,7 @@ class ContextFullError(ConfigurationError):
 
 
 class UnknownLossError(ConfigurationError, KeyError):
-    """A ``loss_fn`` name that is not in ``rlvr.engine.losses.LOSSES``."""
+    """A ``loss_fn`` name that is not in ``rlvr.engine.train.losses.LOSSES``."""
 
     def __str__(self) -> str:  # KeyError would wrap the message in quotes
         return str(self.args[0]) if self.args else ""

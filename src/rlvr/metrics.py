@@ -5,7 +5,7 @@ combines a call's microbatches with :func:`reduce_metrics`, and the loop a step'
 (``num_substeps``, ``stream_minibatches``), so a step reports the step, not its last part: sums are summed, means
 weighted by the tokens each part trained on, maxima and minima taken over the parts.
 
-Not here: what each metric means (the loss table, ``engine/losses.py``), logging (``rl/tracking.py``).
+Not here: what each metric means (the loss table, ``engine/train/losses.py``), logging (``rl/tracking.py``).
 """
 
 from __future__ import annotations

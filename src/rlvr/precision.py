@@ -1,8 +1,8 @@
 """What a base model's frozen matmuls multiply in: the choices (``PRECISIONS``) and how one is picked
 (``base_precision``). Torch-free, so the RL layer (its config, the loop) and the engine share this one definition.
 
-Not here: the kernels (``rlvr.engine.packed``), nor whether this machine can multiply in bfloat16: the engine checks
-that when it is created (``rlvr.engine.packed.supported_precision``).
+Not here: the kernels (``rlvr.engine.cpu.packed``), nor whether this machine can multiply in bfloat16: the engine checks
+that when it is created (``rlvr.engine.cpu.packed.supported_precision``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def base_precision(precision: str | None = None) -> str:
     """What frozen base weights are multiplied in: ``precision`` if given, else ``RLVR_PRECISION``, else float32.
 
     - ``"float32"``: float32 throughout, except the sampler's decode products on a CPU with AMX (three bfloat16
-      products each, ~16 bits: see ``rlvr.engine.packed``); the sampler's logprobs equal the trainer's to ~1e-5 per
+      products each, ~16 bits: see ``rlvr.engine.cpu.packed``); the sampler's logprobs equal the trainer's to ~1e-5 per
       token (6.6e-6 with float32 products, 1.6e-5 with AMX's, on SmolLM2; tested within 1e-3).
     - ``"bfloat16"``: every frozen base matmul (trainer and sampler alike) takes bfloat16 inputs and weights on
       oneDNN (AMX where the CPU has it: ~6x float32's rate on a Xeon) and rounds its result to bfloat16; the residual

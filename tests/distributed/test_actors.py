@@ -7,7 +7,7 @@ import pytest
 
 from rlvr.distributed.actors import SamplerActor, TrainerActor
 from rlvr.distributed.vllm_sampler import VLLMSampler
-from rlvr.engine.packed import bfloat16_supported
+from rlvr.engine.cpu.packed import bfloat16_supported
 from rlvr.errors import ConfigurationError, SamplingError
 
 

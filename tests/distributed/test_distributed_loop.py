@@ -26,9 +26,9 @@ from rlvr.tasks import ArithmeticSource  # noqa: E402
 # Tolerance of the Ray run against the in-process run. Sampling draws the same tokens (each request carries its
 # seed), so rewards, counts and advantages are identical. Floating-point values may differ in the last bits: a
 # replica batches other requests with a prompt than the single in-process engine does (padding and batch size
-# change a logit's last bits, see rlvr.engine.sampler), and the trainer sums gradients in its own process. Measured
-# on this test: at most 4.7e-7 relative on values above 1e-3 (losses, grad norms), 9.5e-7 absolute on values that
-# are float noise around 0 (sampler/max_logprob_gap, kl_sample_train), and 7.7e-6 on the final LoRA weights (|w| up
+# change a logit's last bits, see rlvr.engine.sample.sampler), and the trainer sums gradients in its own process.
+# Measured on this test: at most 4.7e-7 relative on values above 1e-3 (losses, grad norms), 9.5e-7 absolute on values
+# that are float noise around 0 (sampler/max_logprob_gap, kl_sample_train), and 7.7e-6 on the final LoRA weights (|w| up
 # to 0.13: Adam divides each gradient by its own running scale, so last-bit differences in near-zero gradients move
 # a weight by a fraction of the learning rate). The tolerances are 20x, 10x and 13x that, and far below any real
 # difference: one changed token moves a reward by >= 0.1, a loss by > 1e-2 and a weight by ~ the learning rate.

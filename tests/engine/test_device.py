@@ -129,8 +129,8 @@ def test_a_gpu_paths_engine_on_the_cpu_runs_float32_only():
         Engine(device="cpu", precision="bfloat16", gpu_paths=GpuPaths())
 
 
-CPU_KERNELS = ("rlvr.engine.packed", "rlvr.engine.amx_linear", "rlvr.engine.fused_attention", "rlvr.engine.decode",
-               "rlvr.engine.native")
+CPU_KERNELS = ("rlvr.engine.cpu.packed", "rlvr.engine.cpu.amx_linear", "rlvr.engine.cpu.fused_attention",
+               "rlvr.engine.cpu.decode", "rlvr.engine.cpu.native")
 
 
 class _Forbidden:
@@ -165,15 +165,15 @@ def test_the_gpu_paths_never_import_the_cpu_kernels(monkeypatch):
     client = importlib.import_module("rlvr.client")
     engine, device = importlib.import_module("rlvr.engine.engine"), importlib.import_module("rlvr.engine.device")
     _train_and_sample(client.ServiceClient(engine.Engine(device="cpu", gpu_paths=device.GpuPaths())))
-    with pytest.raises(ImportError, match="rlvr.engine.packed imported"):
+    with pytest.raises(ImportError, match="rlvr.engine.cpu.packed imported"):
         _train_and_sample(client.ServiceClient(engine.Engine(device="cpu")))
 
 
 def test_models_load_in_the_weight_dtype_with_float32_rope(tmp_path):
     # What a CUDA engine asks for (bfloat16 weights), asked on the CPU: every parameter in bfloat16, RoPE's inverse
     # frequencies (a buffer) still float32, frozen; the same for a Hugging Face folder.
-    from rlvr.engine.models import load_base_model
-    from rlvr.engine.random_models import small_config, write_model_folder
+    from rlvr.engine.models.load import load_base_model
+    from rlvr.engine.models.random_models import small_config, write_model_folder
 
     folder = write_model_folder(small_config("qwen3"), tmp_path / "qwen3")
     for name in ("tiny", str(folder)):

@@ -18,11 +18,11 @@ import torch
 
 from datums import ce_datum, rl_datum
 from rlvr import types
-from rlvr.engine import packed
+from rlvr.engine.cpu import packed
 from rlvr.engine.engine import Engine
-from rlvr.engine.lora import LoraSpec
-from rlvr.engine.prefix import plan
+from rlvr.engine.models.lora import LoraSpec
 from rlvr.engine.sample_queue import _chunks
+from rlvr.engine.train.prefix import plan
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, ModelLoadError, SamplingError
 
 ADAM = types.AdamParams(learning_rate=5e-2)

@@ -10,10 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rlvr.engine import sample_queue
+from rlvr.engine.sample.sampler import SampleJob, Sequence_
+from rlvr.engine.sample.scores import ScoreRequest
 from rlvr.engine.sample_queue import SampleQueue, _chunks
-from rlvr.engine.sampler import SampleJob, Sequence_
-from rlvr.engine.scores import ScoreRequest
 
 
 class _Recorder:
@@ -37,10 +36,14 @@ def _job(first_token, num_samples):
     return SampleJob([first_token, 7], num_samples, None, None)
 
 
+class _Decoded(list):
+    """Each fake decode's (weights, [(first prompt token, samples) ...]); ``decode``: the fake decode itself."""
+
+
 @pytest.fixture
-def decoded(monkeypatch):
+def decoded():
     """Each fake decode's (weights, [(first prompt token, samples) ...]); a sample's tokens are [prompt[0], i]."""
-    batches = []
+    batches = _Decoded()
 
     def fake_sample_batch(model, jobs, decode, pad_id):
         if model == ("boom", None):
@@ -49,7 +52,7 @@ def decoded(monkeypatch):
         return [[Sequence_([job.prompt[0], i], [-0.5, -0.25], "length") for i in range(job.num_samples)]
                 for job in jobs]
 
-    monkeypatch.setattr(sample_queue, "sample_batch", fake_sample_batch)
+    batches.decode = fake_sample_batch
     return batches
 
 
@@ -61,7 +64,8 @@ def test_chunks_hold_at_most_max_rows_and_keep_order():
 
 def test_requests_decode_together_by_weights_in_bounded_chunks(decoded):
     executor = _Recorder()
-    queue = SampleQueue(executor, lambda model, tokens, pad_id: np.array([np.nan, -1.0]), max_rows=4)
+    queue = SampleQueue(executor, lambda model, tokens, pad_id: np.array([np.nan, -1.0]), max_rows=4,
+                        sample_batch=decoded.decode)
     a, b = _host("a"), _host("b")
     on = {"a0": SimpleNamespace(host=a, adapter=None), "a1": SimpleNamespace(host=a, adapter="sampler_1"),
           "b0": SimpleNamespace(host=b, adapter=None)}
@@ -84,7 +88,7 @@ def test_requests_decode_together_by_weights_in_bounded_chunks(decoded):
 
 
 def test_a_failed_decode_fails_its_own_chunk_only(decoded):
-    queue = SampleQueue(_Recorder(), lambda *args: None, max_rows=8)
+    queue = SampleQueue(_Recorder(), lambda *args: None, max_rows=8, sample_batch=decoded.decode)
     bad = queue.submit(SimpleNamespace(host=_host("boom"), adapter=None), _job(1, 2), ScoreRequest())
     good = queue.submit(SimpleNamespace(host=_host("fine"), adapter=None), _job(2, 2), ScoreRequest())
     queue.drain()
@@ -97,7 +101,8 @@ def test_a_unit_decodes_apart_from_requests_that_arrive_with_it(decoded):
     # Same weights throughout: single requests gather as before, but a unit's requests decode as batches of their
     # own (cut by max_rows like any group), so what shares a decode with them never depends on arrival time.
     executor = _Recorder()
-    queue = SampleQueue(executor, lambda *args: None, max_rows=4)
+    queue = SampleQueue(executor, lambda *args: None, max_rows=4,
+                        sample_batch=decoded.decode)
     on = SimpleNamespace(host=_host("a"), adapter=None)
     single = queue.submit(on, _job(1, 1), ScoreRequest())
     unit = queue.submit_unit([(on, _job(t, 2), ScoreRequest()) for t in (2, 3, 4)])

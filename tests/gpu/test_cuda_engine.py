@@ -18,7 +18,7 @@ import rlvr
 from datums import LOSS_CONFIGS, loss_batch
 from rlvr import types
 from rlvr.engine import Engine
-from rlvr.engine.losses import LOSSES
+from rlvr.engine.train.losses import LOSSES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

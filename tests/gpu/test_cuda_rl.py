@@ -9,7 +9,7 @@ import torch
 
 import rlvr
 from rlvr.engine import Engine
-from rlvr.engine.random_models import small_config, write_model_folder
+from rlvr.engine.models.random_models import small_config, write_model_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -10,7 +10,7 @@ import rlvr
 from datums import rl_datum
 from rlvr import types
 from rlvr.engine import Engine
-from rlvr.engine.random_models import small_config, write_model_folder
+from rlvr.engine.models.random_models import small_config, write_model_folder
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -77,8 +77,8 @@ def test_decode_steps_replayed_as_cuda_graphs_equal_the_eager_forward(model, qwe
     # float32, so that the captured fixed step and the eager forward over the columns so far agree to rounding:
     # the same tokens and logprobs through left padding, a prompt queued apart from itself and rows that end at 2,
     # 5 and 13 tokens (finished rows leave the batch and the graph is captured again for the rows left).
-    from rlvr.engine import device_sampler
     from rlvr.engine.device import GpuPaths
+    from rlvr.engine.gpu import device_sampler
 
     base = qwen3 if model == "qwen3" else "tiny"
     prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [5, 6, 7, 8, 9, 10, 11], [90, 91, 92, 93]]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlvr import types
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError, ContextFullError, RewardError
 from rlvr.rl.advantages import group_advantages
 from rlvr.rl.datums import rl_datum

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlvr import types
-from rlvr.engine.packed import bfloat16_supported
+from rlvr.engine.cpu.packed import bfloat16_supported
 from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.fileio import read_jsonl
 from rlvr.rl.checkpoints import last_checkpoint
@@ -152,7 +152,7 @@ sys.path.insert(0, {os.path.dirname(__file__)!r})
 from pathlib import Path
 from test_loop import SayA, config
 from rlvr.engine import Engine
-from rlvr.engine.packed import model_kind
+from rlvr.engine.cpu.packed import model_kind
 from rlvr.rl.loop import train
 out = Path({str(tmp_path / "b")!r})
 first = train(config(out, steps=1, save_every=1, precision="bfloat16"), SayA())

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlvr import types
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError
 from rlvr.rl.envs import rollout_groups, trajectory_datums
 from rlvr.rl.refine import CodeRefineEnv, CodeRefineGroupBuilder, code_refine_dataset

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("textarena")
 
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError, RewardError
 from rlvr.rl.config import resolve_config
 from rlvr.rl.recipes import build_source

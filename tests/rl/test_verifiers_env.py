@@ -18,7 +18,7 @@ vf = pytest.importorskip("verifiers")
 from datasets import Dataset  # noqa: E402  (verifiers brings datasets)
 
 from rlvr import types  # noqa: E402
-from rlvr.engine.tiny import build_tiny_tokenizer  # noqa: E402
+from rlvr.engine.models.tiny import build_tiny_tokenizer  # noqa: E402
 from rlvr.errors import ConfigurationError, RewardError, SamplingError  # noqa: E402
 from rlvr.rl.envs import trajectory_datums  # noqa: E402
 from rlvr.rl.loop import LoopConfig, train  # noqa: E402

@@ -295,7 +295,7 @@ TOOL_TEMPLATE = (
 
 
 def test_a_template_with_tool_support_renders_the_tools_itself():
-    from rlvr.engine.tiny import build_tiny_tokenizer
+    from rlvr.engine.models.tiny import build_tiny_tokenizer
     from rlvr.server.openai_wire import ChatRequest, chat_prompt
 
     tokenizer = build_tiny_tokenizer()

@@ -42,7 +42,7 @@ from tinker_cookbook.rl import train
 from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult
 
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 
 STEPS = 8
 WINDOW = 2  # steps averaged at each end

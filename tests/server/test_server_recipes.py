@@ -42,7 +42,7 @@ import numpy as np
 from tinker import types
 from tinker_cookbook import model_info, tokenizer_utils
 
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.fileio import read_jsonl
 
 RENDERER = "role_colon"
@@ -341,7 +341,7 @@ def test_rl_numerics_check_sampler_and_trainer_agree(recipes, service, tmp_path)
     from tinker_cookbook.recipes.rl_numerics_check import env as numerics_env
     from tinker_cookbook.recipes.rl_numerics_check import train as numerics
 
-    from rlvr.engine.models import SMOLLM2
+    from rlvr.engine.models.load import SMOLLM2
 
     tokenizer = service.create_sampling_client(base_model=SMOLLM2).get_tokenizer()
     tokenizer_utils.register_tokenizer(SMOLLM2, lambda: tokenizer)

@@ -5,7 +5,7 @@ import pytest
 
 import rlvr.rewards
 import rlvr.tasks
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError
 from rlvr.rewards import resolve_reward
 from rlvr.tasks import FileSource, Problem, select

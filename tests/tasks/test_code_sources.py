@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError
 from rlvr.rewards import score_batch
 from rlvr.sandbox import Sandbox

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.engine.tiny import build_tiny_tokenizer
+from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.tasks import Gsm8kSource, HubDataset
 from rlvr.tasks.math import clean_solution, final_answer
 

@@ -11,8 +11,8 @@ same name. Requests that arrive together (the actor is threaded) go to vLLM as o
 The same numbers as the engine's sampler, in the Tinker sense:
 - logprobs are vLLM's ``raw_logprobs`` (its default): the model's distribution at temperature 1, before temperature,
   top-k or top-p, which is what rlvr's own sampler returns and the trainer computes;
-- stops follow ``rlvr.engine.sampler.resolve_params`` (``stop=None``: EOS; ``stop=[]``: none, EOS included; strings
-  or ids: those and EOS); the stop token is part of the returned tokens, as in the engine;
+- stops follow ``rlvr.engine.sample.sampler.resolve_params`` (``stop=None``: EOS; ``stop=[]``: none, EOS included;
+  strings or ids: those and EOS); the stop token is part of the returned tokens, as in the engine;
 - a request's ``seed`` goes to vLLM, so a seeded request is reproducible on one replica (not equal to the engine's
   draws: the two samplers use different generators).
 
@@ -24,7 +24,7 @@ the gap stays far below the default tolerance (see tests/distributed/test_vllm_s
 raise the tolerance (the loop refuses the run otherwise), or pass ``{"dtype": "float32"}`` in
 ``distributed.vllm_options``.
 
-Not here: the Ray plumbing (``cluster``, ``clients``), the engine's sampler (``rlvr.engine.sampler``).
+Not here: the Ray plumbing (``cluster``, ``clients``), the engine's sampler (``rlvr.engine.sample.sampler``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from tinker import types
 
 from rlvr.distributed.cluster import RestartableActor
 from rlvr.distributed.weights import files_digest, read_folder, received_files, write_folder
-from rlvr.engine.sampler import resolve_params
+from rlvr.engine.sample.sampler import resolve_params
 from rlvr.errors import ConfigurationError, SamplingError
 
 BASE_DIGEST = "base-model"
@@ -299,7 +299,7 @@ class VLLMSampler(RestartableActor):
 
     def _start(self, base_model: str) -> None:
         """Create the ``vllm.LLM`` for ``base_model`` on first use; one replica serves one base model."""
-        from rlvr.engine.models import canonical_name, model_folder
+        from rlvr.engine.models.load import canonical_name, model_folder
 
         name = canonical_name(base_model)
         if self._llm is not None:

@@ -1,6 +1,7 @@
-"""The engine: models, LoRA, losses, optimizer, sampler and checkpoints, in PyTorch. See ``engine.py``."""
+"""The engine: models, LoRA, losses, optimizer, sampler and checkpoints, in PyTorch. See ``engine.py`` (and its
+docstring for the rooms: ``models/``, ``train/``, ``sample/``, ``cpu/``, ``gpu/``)."""
 
 from rlvr.engine.engine import Engine
-from rlvr.engine.losses import LOSSES
+from rlvr.engine.train.losses import LOSSES
 
 __all__ = ["LOSSES", "Engine"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlvr.engine.models import rlvr_home
+from rlvr.engine.models.load import rlvr_home
 from rlvr.errors import CheckpointError, CheckpointNotFoundError
 from rlvr.fileio import atomic_folder
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +69,7 @@ def resolve_precision(precision: str | None, device: torch.device, paths: GpuPat
     (its bfloat16 is the CPU kernels')."""
     chosen = precision or os.environ.get("RLVR_PRECISION")
     if device.type == "cpu" and paths is None:
-        from rlvr.engine.packed import supported_precision  # the CPU kernels load on the CPU paths only
+        from rlvr.engine.cpu.packed import supported_precision  # the CPU kernels load on the CPU paths only
 
         return supported_precision(precision)
     source = "precision" if precision else "RLVR_PRECISION"
@@ -135,23 +134,6 @@ class GpuPaths:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigurationError(f"GpuPaths.{name} must be a positive integer, got {value!r}")
-
-
-_PATHS: weakref.WeakKeyDictionary[torch.nn.Module, GpuPaths] = weakref.WeakKeyDictionary()
-
-
-def attach_paths(model: torch.nn.Module, paths: GpuPaths | None) -> None:
-    """Record that the engine runs ``model`` (a base causal LM) on ``paths`` (None: the CPU paths)."""
-    if paths is None:
-        _PATHS.pop(model, None)
-    else:
-        _PATHS[model] = paths
-
-
-def paths_of(model: torch.nn.Module) -> GpuPaths | None:
-    """The ``GpuPaths`` ``model`` (a causal LM, peft-wrapped or not) runs on, or None for the CPU paths."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _PATHS.get(base)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

@@ -8,13 +8,17 @@ Each base model is loaded once per process and shared: every training client is 
 sampler snapshot is one more frozen adapter (see ``lora.py``).
 
 An engine runs on one device (``device.py``: the CPU or one CUDA GPU, ``RLVR_DEVICE``): its models, adapters,
-optimizer state and every tensor of a request live there, and results come back as CPU tensors. On CUDA (or on a CPU
-given ``GpuPaths``) training packs datums into rows (``packing.py``) and sampling keeps its state on the device
-(``device_sampler.py``); a CPU engine otherwise shares prompts' compute (``prefix.py``) and decodes on its own
-kernels (``decode.py``).
+optimizer state and every tensor of a request live there, and results come back as CPU tensors. This is the one place
+that picks the paths: on CUDA (or on a CPU given ``GpuPaths``) training packs datums into rows (``gpu/packing.py``)
+and sampling keeps its state on the device (``gpu/device_sampler.py``); a CPU engine otherwise shares prompts'
+compute (``train/prefix.py``) and decodes on its own kernels (``sample/sampler.py`` with ``cpu/decode.py``).
 
-Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``losses.py``), sampling (``sampler.py``)
-and the batching of sampling requests (``sample_queue.py``).
+The engine's rooms: this worker with its sampling queue (``sample_queue.py``), share of the cores (``cores.py``),
+device (``device.py``) and checkpoints (``checkpoint.py``); ``models/`` (loading, LoRA, test models); ``train/``
+(datum checking, the loss table, AdamW, the trainer's forward); ``sample/`` (the sampler, its KV cache and scores);
+``cpu/`` (the C kernels and what runs on them); ``gpu/`` (the GPU paths).
+
+Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``train/losses.py``).
 """
 
 from __future__ import annotations
@@ -35,19 +39,21 @@ import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from rlvr.engine import checkpoint, packing
-from rlvr.engine.batch import CheckedDatum, check_data, model_input_tokens
+from rlvr.engine import checkpoint
 from rlvr.engine.cores import CoreShare, fixed_threads
 from rlvr.engine.device import GpuPaths, attention_implementation, resolve_device, resolve_precision, weight_dtype
-from rlvr.engine.lora import AdapterHost, LoraSpec
-from rlvr.engine.losses import resolve_loss
-from rlvr.engine.models import canonical_name, load_base_model, rlvr_home
-from rlvr.engine.optim import adam_step, check_adam_params, make_optimizer
-from rlvr.engine.packing import PackedRow
-from rlvr.engine.prefix import Cluster, cluster_logprobs, plan
+from rlvr.engine.gpu import device_sampler, packing
+from rlvr.engine.gpu.packing import PackedRow
+from rlvr.engine.models.load import canonical_name, load_base_model, rlvr_home
+from rlvr.engine.models.lora import AdapterHost, LoraSpec
+from rlvr.engine.sample import sampler
+from rlvr.engine.sample.sampler import SampleJob, Sequence_, resolve_params
+from rlvr.engine.sample.scores import ScoreRequest
 from rlvr.engine.sample_queue import SampleQueue
-from rlvr.engine.sampler import SampleJob, resolve_params
-from rlvr.engine.scores import ScoreRequest
+from rlvr.engine.train.batch import CheckedDatum, check_data, model_input_tokens
+from rlvr.engine.train.losses import resolve_loss
+from rlvr.engine.train.optim import adam_step, check_adam_params, make_optimizer
+from rlvr.engine.train.prefix import Cluster, cluster_logprobs, plan
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
 from rlvr.metrics import reduce_metrics
 
@@ -133,7 +139,7 @@ class Engine:
         share = (CoreShare(rlvr_home() / "busy", torch.get_num_threads(), fixed_threads())
                  if self.device.type == "cpu" else None)
         self._executor = _EngineThread(share)
-        self._samples = SampleQueue(self._executor, self._prompt_logprobs, max_sample_rows)
+        self._samples = SampleQueue(self._executor, self._prompt_logprobs, max_sample_rows, self._sample_batch)
         self._rng_lock = threading.Lock()  # guards each SamplerHandle's rng (callers' threads draw request seeds)
         self._hosts: dict[str, AdapterHost] = {}
         self._names = itertools.count()
@@ -226,6 +232,13 @@ class Engine:
         if self.gpu_paths is None:
             return cluster_logprobs(model, input_ids, targets, batch, pad_id)  # type: ignore[arg-type]
         return packing.packed_logprobs(model, input_ids, targets, batch, pad_id, self.gpu_paths)  # type: ignore[arg-type]
+
+    def _sample_batch(self, model: torch.nn.Module, jobs: list[SampleJob], decode: Callable[[list[int]], str],
+                      pad_id: int) -> list[list[Sequence_]]:
+        """One batched decode of ``jobs`` on ``model``: the GPU paths' sampler or the CPU one (``SampleQueue``)."""
+        if self.gpu_paths is None:
+            return sampler.sample_batch(model, jobs, decode, pad_id)
+        return device_sampler.sample_batch(model, jobs, decode, pad_id, self.gpu_paths)
 
     def forward(
         self, trainer: Trainer, data: Sequence[types.Datum], loss_fn: str, loss_fn_config: dict | None, backward: bool

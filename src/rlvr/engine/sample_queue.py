@@ -4,7 +4,8 @@ Requests submitted back to back (a loop over problems, each ``sample`` returning
 batch, but the engine thread wakes on the first: so ``drain`` first waits until no new request has arrived for
 ``SAMPLE_GATHER_S`` (at most ten times that), which costs a few milliseconds against decode steps of 0.1 s. It then
 groups the waiting requests by the weights they sample from (base model and adapter) and decodes each group in
-consecutive chunks of at most ``max_rows`` samples (``sampler.sample_batch``), settling every request's future with
+consecutive chunks of at most ``max_rows`` samples (the engine's ``SampleBatch``: the CPU sampler or the GPU one),
+settling every request's future with
 its SampleResponse, or with the error its chunk's decode raised.
 
 Which requests share a decode changes the rounding of each one's logprobs (~1e-5: products over a different number
@@ -14,7 +15,8 @@ another request: the same requests give the same numbers bit for bit, however bu
 
 The Engine owns one queue and runs ``drain`` on its own thread, behind whatever jobs were queued before.
 
-Not here: checking a request and drawing its seed (``Engine.submit_sample``), the decode itself (``sampler.py``).
+Not here: checking a request and drawing its seed (``Engine.submit_sample``), the decode itself
+(``sample/sampler.py``, ``gpu/device_sampler.py``) and which of the two runs (the engine).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from rlvr.engine.sampler import SampleJob, sample_batch
-from rlvr.engine.scores import ScoreRequest, mask_before_last_n, prompt_fields, sample_topk
+from rlvr.engine.sample.sampler import SampleJob, Sequence_
+from rlvr.engine.sample.scores import ScoreRequest, mask_before_last_n, prompt_fields, sample_topk
 
 if TYPE_CHECKING:
     from rlvr.engine.engine import SamplerHandle
@@ -43,6 +45,9 @@ SAMPLE_GATHER_S = 0.002  # a sampling batch waits until requests stop arriving f
 
 PromptLogprobs = Callable[[torch.nn.Module, list[int], int], np.ndarray]
 """``(model, tokens, pad_id) -> (T,)`` log p(token_i | tokens_<i), NaN at 0: ``Engine._prompt_logprobs``."""
+
+SampleBatch = Callable[[torch.nn.Module, list[SampleJob], Callable[[list[int]], str], int], list[list[Sequence_]]]
+"""``(model, jobs, decode, pad_id) -> each job's sequences``: one batched decode (``Engine._sample_batch``)."""
 
 
 @dataclass
@@ -71,11 +76,13 @@ def _chunks(requests: list[_PendingSample], max_rows: int) -> list[list[_Pending
 
 
 class SampleQueue:
-    """Sampling requests waiting for the engine thread (``executor``), decoded in batches of at most ``max_rows``
-    samples; ``prompt_logprobs`` computes a prompt's logprobs for requests that ask for them."""
+    """Sampling requests waiting for the engine thread (``executor``), decoded by ``sample_batch`` in batches of at
+    most ``max_rows`` samples; ``prompt_logprobs`` computes a prompt's logprobs for requests that ask for them."""
 
-    def __init__(self, executor: Executor, prompt_logprobs: PromptLogprobs, max_rows: int) -> None:
+    def __init__(self, executor: Executor, prompt_logprobs: PromptLogprobs, max_rows: int, sample_batch: SampleBatch
+                 ) -> None:
         self.max_rows = max_rows
+        self.sample_batch = sample_batch
         self._executor = executor
         self._prompt_logprobs = prompt_logprobs
         self._pending: list[_PendingSample] = []
@@ -126,7 +133,7 @@ class SampleQueue:
         base = handle.host.base
         try:
             with handle.host.active(handle.adapter) as model:
-                sequences = sample_batch(model, [r.job for r in requests],
+                sequences = self.sample_batch(model, [r.job for r in requests],
                                          lambda ids: base.tokenizer.decode(ids, skip_special_tokens=False),
                                          base.tokenizer.pad_token_id)
                 prompt_lps = [mask_before_last_n(self._prompt_logprobs(model, r.job.prompt,

@@ -13,7 +13,7 @@ A mode (``train_sync``, ``train_streamed``, ``train_off_policy``) is a ``for ste
 opened. Everything here drives the client API only (``rlvr.ServiceClient`` and its clients).
 
 Not here: the order of the phases (``loop.py``), where rollouts come from (``rollouts.py``), datums of one trajectory
-(``envs.trajectory_datums``), the losses (``engine/losses.py``).
+(``envs.trajectory_datums``), the losses (``engine/train/losses.py``).
 """
 
 from __future__ import annotations

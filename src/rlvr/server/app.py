@@ -444,7 +444,7 @@ class _FinishBody(pydantic.BaseModel):
 
 def _tokenizer_dir(client: rlvr.TrainingClient, cache: dict[str, str], lock: threading.Lock) -> str:
     """A local folder holding the model's tokenizer, so the SDK's ``AutoTokenizer.from_pretrained`` works offline."""
-    from rlvr.engine.models import rlvr_home
+    from rlvr.engine.models.load import rlvr_home
 
     name = client.get_info().model_data.model_name or "model"
     with lock:

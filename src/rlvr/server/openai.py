@@ -109,7 +109,7 @@ class Models:
 
     async def client(self, model: str, owner: str) -> rlvr.SamplingClient:
         from rlvr.engine.checkpoint import resolve
-        from rlvr.engine.models import canonical_name
+        from rlvr.engine.models.load import canonical_name
 
         if model in self.pinned:
             return self.pinned[model]
@@ -134,7 +134,7 @@ class Models:
         """The ``rlvr://`` path of the sampler checkpoint of ``owner``'s that ``model`` names; None for a base model.
         Raises a 404 naming what is served when it is neither."""
         from rlvr.engine.checkpoint import SCHEMES
-        from rlvr.engine.models import canonical_name
+        from rlvr.engine.models.load import canonical_name
 
         self.catalog.sweep()
         if model.startswith(SCHEMES) or "/sampler_weights/" in model:

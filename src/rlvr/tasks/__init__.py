@@ -1,6 +1,6 @@
 """Problem sources for RLVR: a problem, how to prompt for it through a chat template, and how to check an answer.
 
-    from rlvr.engine.tiny import build_tiny_tokenizer
+    from rlvr.engine.models.tiny import build_tiny_tokenizer
     from rlvr.tasks import ArithmeticSource, Gsm8kSource
 
     source = Gsm8kSource({"train": "gsm8k/train.jsonl"}, few_shot=2, system_prompt="You are a careful solver.")

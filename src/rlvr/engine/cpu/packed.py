@@ -1,0 +1,235 @@
+"""Matmuls on prepacked weights, for base-model weights that do not train.
+
+A base model's weights never change while rlvr trains LoRA adapters on it, so they can be reordered once into the
+layout a kernel reads fastest. The kernels ("kinds") this module packs for and calls:
+
+- ``mkldnn``: oneDNN's float32 kernel (``mkldnn._linear_pointwise``), any row count;
+- ``mkl``: MKL's float32 kernel (``mkl._mkl_linear``), one row count, fixed at packing;
+- ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products on AMX tiles
+  (~16 bits of each product where float32 keeps ~22), any row count, where the CPU has AMX;
+- ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for.
+
+Which kind a use gets (``fastest_kind``): a fixed preference, not timing, so that every process of a machine (two
+runs of one seed, a resume, a Ray replica and the driver) rounds the same way: the AMX kernel where it runs, else
+oneDNN's float32 kernel where this torch has it, else a plain ``F.linear``. Timing picked among kernels whose speeds
+are close, and under load picked differently in each process (measured: two runs of one seed on tiny differed from
+step 0). ``RLVR_MATMUL=timed`` times a plain ``F.linear``, MKL's and oneDNN's once per process, on first use, and
+keeps the fastest (runs then repeat only as far as the timings do); ``RLVR_MATMUL=plain`` (or ``mkl``, ``mkldnn``,
+``bf16x3``) fixes the choice, for runs that must repeat bit for bit across machines: rounding changes which rare
+token a draw lands on, so each kind gives one seed its own trajectory.
+
+Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer
+(``pack_frozen_linears`` gives every frozen ``nn.Linear`` a packed weight and its packed transpose, so the forward
+product and the input gradient both run on oneDNN's kernel: float32 where timing picks it, bfloat16 when asked). The
+trainer never takes MKL's or the AMX kernel. Each pack is one more copy of the weights (the trainer's two), so a
+model is packed only where its copies fit in ``PACK_MEMORY_FRACTION`` of the machine's memory (``packs_fit``: a
+0.5B model's float32 copies on 24 GiB, not a 1B model's); the same answer in every process of a machine, so they
+round alike.
+
+Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default.
+``precision="bfloat16"`` (``Engine(precision=...)``, the ``precision`` config key, or ``RLVR_PRECISION``) runs every
+frozen base matmul, trainer and sampler alike, on oneDNN's bfloat16 kernel; the sampler and the trainer then agree
+only to bfloat16 rounding.
+
+What each kind measured, what it costs in sampler/trainer agreement, and what was tried instead:
+docs/performance.md.
+
+Not here: which weights are fused (``decode.py``), LoRA (``lora.py``), the AMX kernel itself (``amx_linear.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rlvr.engine.cpu import amx_linear
+from rlvr.errors import ConfigurationError
+from rlvr.precision import base_precision
+
+PACK_MEMORY_FRACTION = 0.25  # of the machine's memory, for the packs of one use (sampler or trainer) of one model
+_CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def packs_fit(nbytes: int) -> bool:
+    """Whether packs of ``nbytes`` (more copies of frozen weights) fit in ``PACK_MEMORY_FRACTION`` of this machine's
+    memory (at least 1 GiB, what a machine that does not say its memory gets)."""
+    return nbytes <= max(2**30, PACK_MEMORY_FRACTION * machine_memory())
+
+
+def supported_precision(precision: str | None = None) -> str:
+    """``rlvr.precision.base_precision``'s choice, refused where this machine cannot multiply in it (bfloat16 needs
+    oneDNN's bfloat16 matmul): what an engine is created with."""
+    chosen = base_precision(precision)
+    if chosen == "bfloat16" and not bfloat16_supported():
+        raise ConfigurationError("precision bfloat16 needs oneDNN's bfloat16 matmul, which this torch or CPU lacks; "
+                                 "use float32")
+    return chosen
+
+
+def bfloat16_supported() -> bool:
+    """Whether this torch and CPU have oneDNN's bfloat16 matmul, which ``precision="bfloat16"`` runs on."""
+    return "mkldnn" in pack_kinds() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def pack_kinds() -> list[str]:
+    """The prepacked matmuls this machine offers: oneDNN's (any row count) and MKL's (one row count) where torch has
+    them, and rlvr's AMX kernel (``amx_linear``: three bfloat16 products, any row count) where it can be built.
+    Nothing is built or run here (torch work on a thread other than the engine's slows the engine's down)."""
+    kinds = []
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        kinds.append("mkldnn")
+    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+        kinds.append("mkl")
+    if amx_linear.buildable():
+        kinds.append("bf16x3")
+    return kinds
+
+
+def pack(weight: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
+    """``weight`` (out, in) reordered for ``kind``'s kernel; ``rows``: the batch size it is tuned (MKL: fixed) for."""
+    if kind == "mkldnn":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    if kind == "bf16":
+        return torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), rows)
+    if kind == "bf16x3":
+        return amx_linear.pack(weight)
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch.Tensor | None,
+                  bias: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D ``x`` on ``pack(weight, kind, rows)``. MKL needs ``x`` to have exactly
+    ``rows`` rows and ``shape``, a storage-less tensor of the weight's shape (so does "bf16x3", for the output
+    size)."""
+    if kind == "mkldnn":
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if kind == "bf16":
+        out = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), packed, None, "none", [], "").float()
+        return out if bias is None else out.add_(bias)
+    if kind == "bf16x3":
+        out = amx_linear.linear(amx_linear.kernel(), x, packed, shape.shape[0])
+        return out if bias is None else out.add_(bias)
+    return torch.ops.mkl._mkl_linear(x, packed, shape, bias, rows)
+
+
+def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
+    """The kernel ``use`` multiplies ``rows`` rows by ``weight`` with, among ``kinds`` (default: all this machine
+    has), "" for a plain ``F.linear``: the fixed preference of the module docstring (the AMX kernel, else oneDNN's,
+    else plain); ``RLVR_MATMUL`` overrides (a kind this machine has but ``use`` does not take means a plain
+    ``F.linear`` there; ``timed``: the fastest, timed on the first call for ``use``). The same answer for the rest
+    of the process."""
+    machine = pack_kinds()
+    available = [k for k in (machine if kinds is None else kinds) if k in machine
+                 and (k != "bf16x3" or amx_linear.kernel() is not None)]  # built and checked now, on first use
+    forced = os.environ.get("RLVR_MATMUL", "")
+    if forced and forced != "timed":
+        if forced != "plain" and forced not in machine:
+            raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {machine} (what this "
+                                     "machine has), or timed, or unset it for the fixed preference")
+        if forced == "bf16x3" and "bf16x3" not in available and (kinds is None or "bf16x3" in kinds):
+            raise ConfigurationError("RLVR_MATMUL=bf16x3, but the AMX kernel failed to build or to pass its check "
+                                     "here (the log says why); unset RLVR_MATMUL to choose another kernel")
+        return forced if forced in available else ""
+    if use not in _CHOSEN and "bf16x3" in available:  # not timed: see the module docstring
+        _CHOSEN[use] = "bf16x3"
+    if use not in _CHOSEN and not available:  # this torch has no packed matmul to compare with F.linear
+        _CHOSEN[use] = ""
+    if use not in _CHOSEN and forced != "timed":  # the fixed preference: see the module docstring
+        _CHOSEN[use] = "mkldnn" if "mkldnn" in available else ""
+    if use not in _CHOSEN:
+        x = torch.randn(rows, weight.shape[1])
+        shape = torch.zeros(1, 1).expand(weight.shape)
+        candidates = {"": lambda: F.linear(x, weight)}
+        for kind in available:
+            packed = pack(weight, kind, rows)
+            candidates[kind] = lambda kind=kind, packed=packed: packed_linear(x, packed, kind, shape, None, rows)
+        best = {}
+        with torch.no_grad():
+            for kind, run in candidates.items():
+                run()
+                times = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    run()
+                    times.append(time.perf_counter() - start)
+                best[kind] = min(times)
+        _CHOSEN[use] = min(best, key=best.get)
+    return _CHOSEN[use]
+
+
+def chosen_kind(use: str) -> str | None:
+    """What ``fastest_kind`` chose for ``use`` in this process ("" for a plain ``F.linear``), None before it has or
+    where ``RLVR_MATMUL`` chose."""
+    return _CHOSEN.get(use)
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """x @ W.T + b on packed W, with the input gradient g @ W on packed W.T (W does not train); ``kind``: mkldnn
+    (float32) or bf16."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, packed: torch.Tensor, packed_t: torch.Tensor, bias: torch.Tensor | None,
+                kind: str) -> torch.Tensor:
+        ctx.packed_t, ctx.kind = packed_t, kind
+        rows = x.reshape(-1, x.shape[-1])
+        return packed_linear(rows, packed, kind, None, bias, 0).view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rows = grad.reshape(-1, grad.shape[-1]).contiguous()
+        grad_x = packed_linear(rows, ctx.packed_t, ctx.kind, None, None, 0)
+        return grad_x.view(*grad.shape[:-1], -1), None, None, None, None
+
+
+def _frozen_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if module.weight.requires_grad or x.dtype != torch.float32:  # it trains after all, or another dtype: plain
+        return F.linear(x, module.weight, module.bias)
+    return _FrozenLinear.apply(x.contiguous(), module.packed_weight, module.packed_weight_t, module.bias,
+                               module.packed_kind)
+
+
+TRAIN_ROWS = 512  # the token count the trainer's kernel choice is timed at
+
+
+def model_kind(model: torch.nn.Module) -> str:
+    """The packed kernel ``pack_frozen_linears`` gave ``model``'s frozen linears: "mkldnn", "bf16", or "" (none)."""
+    return getattr(model, "packed_kind", "")
+
+
+def pack_frozen_linears(model: torch.nn.Module, precision: str = "float32") -> int:
+    """Run every frozen float32 ``nn.Linear`` of ``model`` on packed weights (forward and input gradient): in
+    bfloat16 when ``precision`` is (see ``base_precision``), else on oneDNN's float32 pack when that is faster here than
+    ``F.linear`` (or ``RLVR_MATMUL=mkldnn`` asks for it); returns how many were packed. The packs are two more
+    copies of the weights, so float32 models whose copies do not fit (``packs_fit``) are left alone."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad
+               and m.weight.dtype == torch.float32]
+    size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    bf16 = base_precision(precision) == "bfloat16"  # asked for: packed whatever the size (its packs are half-size)
+    if not linears or (not packs_fit(2 * size) and not bf16):
+        return 0
+    if bf16:
+        kind = "bf16"
+    else:
+        typical = sorted(linears, key=lambda m: m.weight.numel())[len(linears) // 2]
+        kind = fastest_kind("train", typical.weight.detach(), TRAIN_ROWS, kinds=["mkldnn"])
+        if kind != "mkldnn":
+            return 0
+    for module in linears:
+        weight = module.weight.detach()
+        module.packed_weight = pack(weight, kind, TRAIN_ROWS)
+        module.packed_weight_t = pack(weight.t().contiguous(), kind, TRAIN_ROWS)
+        module.packed_kind = kind
+        module.forward = _frozen_forward.__get__(module)
+    model.packed_kind = kind
+    return len(linears)

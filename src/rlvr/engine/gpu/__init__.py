@@ -1,0 +1,6 @@
+"""The GPU paths: the trainer's packed rows (``packing.py``) and the sampler whose state stays on the device, its
+decode step replayed as a CUDA graph (``device_sampler.py``). Plain PyTorch: a CPU engine given ``GpuPaths`` runs
+them too, which is how the CPU tests check them.
+
+Not here: the CPU kernels (``cpu/``), which path an engine takes (``engine.py``).
+"""

