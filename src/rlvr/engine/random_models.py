@@ -185,6 +185,7 @@ def write_gguf_file(config: PretrainedConfig, path: str | Path, seed: int = 0,
 def _write_gguf_metadata(writer: Any, config: PretrainedConfig) -> None:
     """The model's shape and the byte tokenizer under llama.cpp's keys."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_vocab_size(config.vocab_size)  # past the byte tokenizer's 259 tokens in a real shape
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
