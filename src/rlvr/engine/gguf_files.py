@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -38,9 +39,6 @@ earlier version converted (version 1 dropped Llama 3's RoPE scaling) is converte
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 """GGUF architectures whose metadata this module completes; others load as transformers reads them."""
 
-REQUANTIZE = ("re-quantize the file to a type it reads (llama.cpp: `llama-quantize --allow-requantize IN.gguf "
-              "OUT.gguf Q4_K_M`), or give the model's Hugging Face folder instead")
-
 
 def write_gguf_folder(path: Path, folder: Path) -> Path:
     """Convert GGUF file ``path`` into a float32 safetensors folder at ``folder`` (written whole or not at all).
@@ -48,8 +46,6 @@ def write_gguf_folder(path: Path, folder: Path) -> Path:
     transformers loads GGUF weights dequantized but keeps the model marked as quantized, and a model so marked
     refuses training; the saved copy drops the marker, so it trains and reloads fast.
     """
-    import gguf
-
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, KeyError, IndexError, OSError) as exc:
@@ -79,24 +75,21 @@ def write_gguf_folder(path: Path, folder: Path) -> Path:
 
 
 def check_tensor_types(reader: Any, path: Path) -> None:
-    """Raise ModelLoadError naming the first tensor whose type the installed ``gguf`` package cannot dequantize."""
-    readable: dict[Any, bool] = {}
-    for tensor in reader.tensors:
-        kind = tensor.tensor_type
-        if kind not in readable:
-            readable[kind] = _dequantizes(kind)
-        if not readable[kind]:
-            kinds = sorted({t.tensor_type.name for t in reader.tensors if not readable.get(t.tensor_type, True)})
-            raise ModelLoadError(
-                f"{path}: tensor {tensor.name!r} is stored as {kind.name}, a type the installed gguf package "
-                f"({_version()}) cannot dequantize (unreadable types in this file so far: {kinds}). Upgrade it "
-                f"(`pip install -U gguf`) if a newer one reads {kind.name}, or {REQUANTIZE}.")
+    """Raise ModelLoadError naming a tensor whose type the installed ``gguf`` package cannot dequantize."""
+    unreadable = {kind for kind in {t.tensor_type for t in reader.tensors} if not _dequantizes(kind)}
+    if unreadable:
+        first = next(t for t in reader.tensors if t.tensor_type in unreadable)
+        count = sum(t.tensor_type in unreadable for t in reader.tensors)
+        raise ModelLoadError(
+            f"{path}: tensor {first.name!r} is stored as {first.tensor_type.name}, a type the installed gguf package "
+            f"({_version()}) cannot dequantize ({count} tensors of types {sorted(k.name for k in unreadable)}). "
+            f"Upgrade it (`pip install -U gguf`) if a newer one reads {first.tensor_type.name}, or re-quantize the "
+            "file to a type it reads (llama.cpp: `llama-quantize --allow-requantize IN.gguf OUT.gguf Q4_K_M`), or "
+            "give the model's Hugging Face folder instead.")
 
 
 def _dequantizes(kind: Any) -> bool:
     """Whether ``gguf.quants.dequantize`` reads tensors of type ``kind`` (tried on one zero block)."""
-    import gguf
-
     block = np.zeros((1, gguf.GGML_QUANT_SIZES[kind][1]), dtype=np.uint8)
     try:
         gguf.quants.dequantize(block, kind)
@@ -202,8 +195,6 @@ def _llama3_factors(wavelength: np.ndarray, factor: float, low: float, high: flo
 
 def _field(reader: Any, key: str) -> Any:
     """A scalar or string metadata value of the file (None when absent)."""
-    import gguf
-
     field = reader.get_field(key)
     if field is None:
         return None
