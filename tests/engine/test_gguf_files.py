@@ -29,8 +29,10 @@ from rlvr.engine.tiny import build_tiny_tokenizer
 from rlvr.errors import ModelLoadError
 
 T = GGMLQuantizationType
-TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16, T.F32]
-"""Every type the test files hold: the K-quants, the older block types and the float ones."""
+TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16,
+         T.F32]
+"""Every type the test files hold: the K-quants (and IQ4_NL, llama.cpp's stand-in for Q2_K and Q3_K on rows that
+are not a multiple of 256 long), the older block types and the float ones."""
 
 # Rows of 256 (the K-quants' block) wherever the shape allows; a head width of 16 under a width of 256 (4 heads:
 # 64, not 256 / 4), so the file's attention.key_length must be read; each architecture with a RoPE scaling of its

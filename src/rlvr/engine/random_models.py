@@ -97,18 +97,20 @@ def write_model_folder(config: PretrainedConfig, folder: str | Path, seed: int =
 
 # --- GGUF files -------------------------------------------------------------------------------------------------
 
-K_QUANT_SCALES = {  # K type -> byte offsets of its float16 super-block scale d and min scale dmin (None: no min)
+RANDOM_BLOCKS = {  # type -> byte offsets in its block of the float16 scale d and min scale dmin (None: no min)
     # ggml's block layouts (ggml-common.h): block_q2_K {scales[16], qs[64], d, dmin}, block_q3_K {hmask[32], qs[64],
     # scales[12], d}, block_q4_K {d, dmin, scales[12], qs[128]}, block_q5_K {d, dmin, scales[12], qh[32], qs[128]},
-    # block_q6_K {ql[128], qh[64], scales[16], d}
+    # block_q6_K {ql[128], qh[64], scales[16], d}, block_iq4_nl {d, qs[16]}
     GGMLQuantizationType.Q2_K: (80, 82),
     GGMLQuantizationType.Q3_K: (108, None),
     GGMLQuantizationType.Q4_K: (0, 2),
     GGMLQuantizationType.Q5_K: (0, 2),
     GGMLQuantizationType.Q6_K: (208, None),
+    GGMLQuantizationType.IQ4_NL: (0, None),
 }
+"""The types the ``gguf`` package cannot quantize that :func:`write_gguf_file` writes as random blocks."""
 K_FALLBACK = {  # what llama.cpp's quantizer stores instead when a row does not split into 256-value blocks
-    GGMLQuantizationType.Q2_K: GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q3_K: GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q2_K: GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.Q3_K: GGMLQuantizationType.IQ4_NL,
     GGMLQuantizationType.Q4_K: GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_K: GGMLQuantizationType.Q5_1,
     GGMLQuantizationType.Q6_K: GGMLQuantizationType.Q8_0,
 }
@@ -141,9 +143,10 @@ def write_gguf_file(config: PretrainedConfig, path: str | Path, seed: int = 0,
     ``tensor_type(gguf_name, shape)`` picks each tensor's type (default: :func:`q4_k_m_type`).
 
     Float and legacy types (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) hold the drawn weights, quantized by the
-    ``gguf`` package. K types (Q2_K .. Q6_K), which that package cannot quantize, hold random blocks instead: random
-    bits, with the scales of each block set so that the weights spread as the drawn ones do (the model is random
-    either way). Read the file's weights back with ``gguf.GGUFReader`` and ``gguf.quants.dequantize``."""
+    ``gguf`` package. The K types (Q2_K to Q6_K) and IQ4_NL, which that package cannot quantize, hold random blocks
+    instead (``RANDOM_BLOCKS``): random bits, with the scales of each block set so that the weights spread as the
+    drawn ones do (the model is random either way). Other types are refused. Read the file's weights back with
+    ``gguf.GGUFReader`` and ``gguf.quants.dequantize``."""
     architecture = config.model_type
     if architecture not in ARCHITECTURES:
         raise ConfigurationError(f"config.model_type={architecture!r}: GGUF files are written for "
@@ -168,10 +171,14 @@ def write_gguf_file(config: PretrainedConfig, path: str | Path, seed: int = 0,
             heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
             values = _llama_cpp_rows(values, heads)
         kind = pick(name, tuple(values.shape))
-        if kind in K_QUANT_SCALES:
-            data = _random_k_blocks(kind, values.shape, float(values.std()), rng)
+        if kind in RANDOM_BLOCKS:
+            data = _random_blocks(kind, values.shape, float(values.std()), rng)
         else:
-            data = gguf.quants.quantize(values, kind)
+            try:
+                data = gguf.quants.quantize(values, kind)
+            except (NotImplementedError, gguf.quants.QuantError) as exc:
+                raise ConfigurationError(f"{name}: cannot write type {kind.name} of shape {tuple(values.shape)} "
+                                         f"({exc})") from exc
         writer.add_tensor(name, data, raw_dtype=kind)
     if (factors := _llama3_rope_factors(config)) is not None:
         writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors)
@@ -229,13 +236,13 @@ def _llama_cpp_rows(weight: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def _random_k_blocks(kind: GGMLQuantizationType, shape: tuple[int, ...], spread: float,
+def _random_blocks(kind: GGMLQuantizationType, shape: tuple[int, ...], spread: float,
                      rng: np.random.Generator) -> np.ndarray:
     """Random ``kind`` blocks for a tensor of ``shape``, as bytes ``(rows, row bytes)``: random bits, then every
     block's float16 scales set to one value chosen so the weights have standard deviation about ``spread``."""
     block, size = GGML_QUANT_SIZES[kind]
     blocks = rng.integers(0, 256, size=(int(np.prod(shape)) // block, size), dtype=np.uint8)
-    d, dmin = K_QUANT_SCALES[kind]
+    d, dmin = RANDOM_BLOCKS[kind]
 
     def with_scales(scale: float, minimum: float) -> np.ndarray:
         out = blocks.copy()
