@@ -1,4 +1,5 @@
-"""Whole runs as `rlvr train` does them: recipes to problem sources, the warm-up, the Python API, pass@k."""
+"""Whole runs as `rlvr train` does them: recipes to problem sources, the warm-up, the Python API, pass@k, a recipe on
+models given by folder or GGUF file."""
 
 import io
 import json
