@@ -19,7 +19,7 @@ from rlvr.engine import models
 from rlvr.engine.gguf_files import llama3_rope
 from rlvr.engine.models import convert_gguf, load_base_model
 from rlvr.engine.random_models import (
-    _llama3_rope_factors,
+    llama3_rope_factors,
     q4_k_m_type,
     small_config,
     write_gguf_file,
@@ -204,6 +204,23 @@ def test_a_file_missing_a_tensor_is_refused_rather_than_filled_at_random(tmp_pat
         load_base_model(str(path))
 
 
+def test_a_rope_scaling_key_rlvr_does_not_read_is_refused_rather_than_dropped(tmp_path, monkeypatch):
+    """llama.cpp's YaRN attn_factor multiplies the attention scale YaRN computes, where transformers'
+    attention_factor replaces it: rather than guess, the file is refused, naming the key."""
+    monkeypatch.setenv("RLVR_HOME", str(tmp_path / "home"))
+    add_factor = gguf.GGUFWriter.add_rope_scaling_factor
+
+    def with_attn_factor(self, value):
+        add_factor(self, value)
+        self.add_rope_scaling_attn_factors(0.8)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_rope_scaling_factor", with_attn_factor)
+        path = write_gguf_file(config_of("qwen2"), tmp_path / "yarn.gguf")
+    with pytest.raises(ModelLoadError, match=r"RoPE scaling 'yarn' \(factor 4\.0, qwen2\.rope\.scaling\.attn_factor\)"):
+        load_base_model(str(path))
+
+
 def test_a_gguf_conversion_is_written_whole_once_and_again_for_a_new_conversion(tmp_path, monkeypatch):
     monkeypatch.setenv("RLVR_HOME", str(tmp_path / "home"))
     path = write_gguf_file(small_config("llama"), tmp_path / "m.gguf")
@@ -242,7 +259,7 @@ def test_llama3_rope_scaling_is_recovered_from_llama_cpps_factors(rope):
     factors give transformers' own Llama 3 frequencies, and factors of no Llama 3 scaling are refused."""
     config = small_config("llama", head_dim=128, hidden_size=512, rope_theta=500000.0,
                           max_position_embeddings=131072, rope_scaling={"rope_type": "llama3", **rope})
-    factors = _llama3_rope_factors(config).astype(np.float64)
+    factors = llama3_rope_factors(config).astype(np.float64)
     read = llama3_rope(factors, 500000.0, 128, "f.gguf")
     again = small_config("llama", head_dim=128, hidden_size=512, rope_theta=500000.0, max_position_embeddings=131072,
                          rope_scaling=read)

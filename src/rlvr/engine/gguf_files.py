@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -40,12 +39,14 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3")
 """GGUF architectures whose metadata this module completes; others load as transformers reads them."""
 
 
-def write_gguf_folder(path: Path, folder: Path) -> Path:
+def gguf_to_folder(path: Path, folder: Path) -> Path:
     """Convert GGUF file ``path`` into a float32 safetensors folder at ``folder`` (written whole or not at all).
 
     transformers loads GGUF weights dequantized but keeps the model marked as quantized, and a model so marked
     refuses training; the saved copy drops the marker, so it trains and reloads fast.
     """
+    import gguf  # here, not at the top: every engine start would pay for it, most never read a GGUF
+
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, KeyError, IndexError, OSError) as exc:
@@ -90,6 +91,8 @@ def check_tensor_types(reader: Any, path: Path) -> None:
 
 def _dequantizes(kind: Any) -> bool:
     """Whether ``gguf.quants.dequantize`` reads tensors of type ``kind`` (tried on one zero block)."""
+    import gguf
+
     block = np.zeros((1, gguf.GGML_QUANT_SIZES[kind][1]), dtype=np.uint8)
     try:
         gguf.quants.dequantize(block, kind)
@@ -144,16 +147,19 @@ def gguf_rope(reader: Any, architecture: str, path: Path, head_dim: int) -> dict
     factor = _field(reader, f"{architecture}.rope.scaling.factor")
     if scaling == "linear" and factor is not None:
         return {"rope_type": "linear", "factor": float(factor)}
-    original = _field(reader, f"{architecture}.rope.scaling.original_context_length")
-    if scaling == "yarn" and factor is not None and original is not None:
+    prefix = f"{architecture}.rope.scaling."
+    unread = sorted(key for key in reader.fields if key.startswith(prefix) and key.removeprefix(prefix) not in
+                    ("type", "factor", "original_context_length", "finetuned", "yarn_beta_fast", "yarn_beta_slow"))
+    original = _field(reader, f"{prefix}original_context_length")
+    if scaling == "yarn" and factor is not None and original is not None and not unread:
         yarn = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
-        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
-                          ("attn_factor", "attention_factor")):
-            if (value := _field(reader, f"{architecture}.rope.scaling.{key}")) is not None:
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):  # the same in both
+            if (value := _field(reader, f"{prefix}{key}")) is not None:
                 yarn[name] = float(value)
         return yarn
-    raise ModelLoadError(f"{path}: RoPE scaling {scaling!r} (factor {factor}) is one rlvr does not read from GGUF "
-                         "metadata (it reads linear, yarn and Llama 3's rope_freqs); give the model's Hugging Face "
+    raise ModelLoadError(f"{path}: RoPE scaling {scaling!r} (factor {factor}{', ' if unread else ''}"
+                         f"{', '.join(unread)}) is one rlvr does not read from GGUF metadata (it reads linear, YaRN "
+                         "by factor and original context, and Llama 3's rope_freqs); give the model's Hugging Face "
                          "folder instead.")
 
 
@@ -195,6 +201,8 @@ def _llama3_factors(wavelength: np.ndarray, factor: float, low: float, high: flo
 
 def _field(reader: Any, key: str) -> Any:
     """A scalar or string metadata value of the file (None when absent)."""
+    import gguf
+
     field = reader.get_field(key)
     if field is None:
         return None

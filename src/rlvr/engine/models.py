@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlvr.engine.gguf_files import CONVERSION, write_gguf_folder
+from rlvr.engine.gguf_files import CONVERSION, gguf_to_folder
 from rlvr.engine.tiny import build_tiny_model
 from rlvr.errors import ModelLoadError
 from rlvr.fileio import atomic_file, atomic_folder
@@ -207,4 +207,4 @@ def convert_gguf(gguf: Path, folder: Path | None = None) -> Path:
         folder = rlvr_home() / "models" / f"gguf-{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if (folder / "config.json").exists():
         return folder
-    return write_gguf_folder(gguf, folder)
+    return gguf_to_folder(gguf, folder)

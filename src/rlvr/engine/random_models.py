@@ -180,7 +180,7 @@ def write_gguf_file(config: PretrainedConfig, path: str | Path, seed: int = 0,
                 raise ConfigurationError(f"{name}: cannot write type {kind.name} of shape {tuple(values.shape)} "
                                          f"({exc})") from exc
         writer.add_tensor(name, data, raw_dtype=kind)
-    if (factors := _llama3_rope_factors(config)) is not None:
+    if (factors := llama3_rope_factors(config)) is not None:
         writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -204,7 +204,7 @@ def _write_gguf_metadata(writer: Any, config: PretrainedConfig) -> None:
     writer.add_rope_dimension_count(head_dim)
     rope = config.rope_parameters
     writer.add_rope_freq_base(rope["rope_theta"])
-    if rope.get("rope_type", "default") in ("linear", "yarn"):  # llama3's goes in a tensor (_llama3_rope_factors)
+    if rope.get("rope_type", "default") in ("linear", "yarn"):  # llama3's goes in a tensor (llama3_rope_factors)
         writer.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
         writer.add_rope_scaling_factor(rope["factor"])
         if rope["rope_type"] == "yarn":
@@ -262,7 +262,7 @@ def _random_blocks(kind: GGMLQuantizationType, shape: tuple[int, ...], spread: f
     return with_scales(scale, minimum * scale).reshape(shape[0], -1)
 
 
-def _llama3_rope_factors(config: PretrainedConfig) -> np.ndarray | None:
+def llama3_rope_factors(config: PretrainedConfig) -> np.ndarray | None:
     """llama.cpp's ``rope_freqs`` for a Llama 3 RoPE scaling (None for other RoPE): per rotary frequency, the
     factor its wavelength is stretched by (convert_hf_to_gguf.py's ``LlamaModel.generate_extra_tensors``)."""
     rope = config.rope_parameters
