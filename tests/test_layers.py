@@ -45,6 +45,8 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
      "packages: rl/ must not 'import torch': rlvr.metrics is what rl/ and engine/ share, so it stays torch-free"),
     ("rlvr.fileio", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
      "packages: rl/ must not 'import torch': rlvr.fileio is what every layer writes run files with"),
+    ("rlvr.model_names", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
+     "packages: rl/ must not 'import torch': rlvr.model_names is what rl/ and engine/ share, so it stays torch-free"),
     ("rlvr.engine.gpu", ("rlvr.engine.cpu",),
      "the engine's rooms: the GPU paths never load the CPU kernels (a CUDA engine imports none of them)"),
     ("rlvr.engine.cpu", ("rlvr.engine.gpu",), "the engine's rooms: the CPU kernels know nothing of the GPU paths"),

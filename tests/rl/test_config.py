@@ -42,6 +42,35 @@ def test_overrides_parse_yaml_values_and_nest():
     assert config.warmup.steps == 3 and config.learning_rate == 1e-3
 
 
+@pytest.mark.parametrize("recipe", ["gsm8k", "mbpp", "rpn"])
+def test_a_recipes_warm_up_runs_on_its_own_model_and_elsewhere_only_when_asked(recipe, tmp_path):
+    """The recipe table's rule: the warm-up a recipe presets is for the model it names (under any of its names);
+    another base_model (a folder, a GGUF file, a hub id) starts RL at once unless a layer sets warmup.steps, which
+    then uses the recipe's other warm-up presets. A saved run's config keeps what it ran."""
+    preset = RECIPES[recipe]["warmup"]
+    own = RECIPES[recipe]["base_model"]
+    aliases = ["HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"] if own == "smollm2-135m" else []
+    for model in (None, own, *aliases):
+        overrides = [f"base_model={model}"] if model else []
+        assert resolve_config(recipe=recipe, overrides=overrides).warmup.steps == preset["steps"], model
+    other = str(tmp_path / "qwen2.5-0.5b-instruct-q4_k_m.gguf")
+    config = resolve_config(recipe=recipe, overrides=[f"base_model={other}"])
+    assert config.warmup.steps == 0
+    assert (config.warmup.batch_size, config.warmup.learning_rate) == (preset["batch_size"], preset["learning_rate"])
+    assert config.rank == RECIPES[recipe]["rank"] and config.max_tokens == RECIPES[recipe]["max_tokens"]
+    asked = resolve_config(recipe=recipe, overrides=[f"base_model={other}", "warmup.steps=5"])
+    assert asked.warmup.steps == 5 and asked.warmup.batch_size == preset["batch_size"]
+    file = tmp_path / "run.yaml"
+    file.write_text(yaml.safe_dump({"base_model": "Qwen/Qwen2.5-0.5B-Instruct", "warmup": {"steps": 7}}))
+    assert resolve_config(recipe=recipe, config_file=file).warmup.steps == 7
+    file.write_text(yaml.safe_dump({"base_model": "Qwen/Qwen2.5-0.5B-Instruct"}))
+    assert resolve_config(recipe=recipe, config_file=file).warmup.steps == 0
+    assert resolve_config(recipe=recipe, config_file=file, overrides=[f"base_model={own}"]).warmup.steps > 0
+    saved = tmp_path / "saved.yaml"
+    save_config(resolve_config(recipe=recipe), saved)  # a run on the recipe's model, resumed on another name
+    assert resolve_config(config_file=saved, overrides=[f"base_model={other}"]).warmup.steps == preset["steps"]
+
+
 def test_a_task_config_override_is_a_yaml_mapping_and_belongs_to_its_dataset():
     """``task.config={...}`` parses as a mapping; the reasoning-gym recipe's preset config is for its preset dataset,
     so naming another dataset drops it, while naming none merges key by key as any nested setting does."""

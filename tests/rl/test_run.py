@@ -1,4 +1,5 @@
-"""Whole runs as `rlvr train` does them: recipes to problem sources, the warm-up, the Python API, pass@k."""
+"""Whole runs as `rlvr train` does them: recipes to problem sources, the warm-up, the Python API, pass@k, a recipe on
+models given by folder or GGUF file."""
 
 import io
 import json
@@ -85,6 +86,62 @@ def test_reasoning_gym_recipe_builds_its_source_and_trains_two_steps_on_tiny(tmp
     assert all(row["env/all/reward/errors:sum"] == 0 and row["env/all/reward/timeouts:sum"] == 0 for row in rows)
     assert result["summary"]["after"]["test/correct"] >= 0.0
     assert yaml.safe_load((run / "config.yaml").read_text())["task"]["name"] == "leg_counting"
+
+
+def run_gsm8k(model, run, **settings):
+    """The gsm8k recipe on ``model`` with a small batch: one step, 2 samples a problem."""
+    from rich.console import Console
+
+    return rlvr.train({"recipe": "gsm8k", "base_model": str(model), "data": str(DATA / "gsm8k" / "train.jsonl"),
+                       "steps": 1, "group_size": 2, "out": str(run), **settings}, console=Console(quiet=True))
+
+
+def check_a_run_without_warm_up(run, result, model):
+    """A whole run on ``model``: no warm-up (the recipe's is for smollm2-135m), the base model's evaluation, one RL
+    step on the recipe's reward with no reward failures, the final evaluation."""
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["base_model"] == str(model) and saved["warmup"]["steps"] == 0 and not saved["start_from_checkpoint"]
+    assert not (run / "warmup.jsonl").exists()
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [0]
+    assert rows[0]["env/all/reward/errors:sum"] == 0 and rows[0]["env/all/reward/timeouts:sum"] == 0
+    assert list(result["summary"]) == ["baseline", "after"]
+    assert result["summary"]["after"]["test/reward/mean"] <= 1.0
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not beside this checkout")
+@pytest.mark.parametrize("kind", ["folder", "gguf"])
+def test_gsm8k_recipe_runs_on_a_model_given_by_folder_or_gguf_file(kind, tmp_path, monkeypatch):
+    """Recipes take any base_model=: a Qwen2-architecture model (random weights of a small shape) as a Hugging Face
+    folder, and as a GGUF file of K-quant and legacy tensors."""
+    from rlvr.engine.models.random_models import small_config, write_gguf_file, write_model_folder
+
+    monkeypatch.setenv("RLVR_HOME", str(tmp_path / "home"))  # the GGUF's converted folder
+    config = small_config("qwen2")
+    if kind == "folder":
+        model = write_model_folder(config, tmp_path / "model")
+    else:
+        model = write_gguf_file(config, tmp_path / "model.gguf")
+    run = tmp_path / "run"
+    result = run_gsm8k(model, run, problems_per_step=2, eval_problems=2, max_tokens=8)
+    check_a_run_without_warm_up(run, result, model)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not beside this checkout")
+def test_gsm8k_recipe_runs_on_the_qwen2_5_0_5b_shape_given_by_folder(tmp_path):
+    """The same on random weights of Qwen2.5-0.5B-Instruct's published shape (494M parameters, a 151,936-token
+    vocabulary, q/k/v biases, tied embeddings): one problem (a prompt of 200-650 byte tokens) x 2 samples, one held
+    out; written in bfloat16 (half the disk), loaded in float32."""
+    import torch
+
+    from rlvr.engine.models.random_models import real_config, write_model_folder
+
+    model = write_model_folder(real_config("qwen2.5-0.5b"), tmp_path / "qwen2.5-0.5b", dtype=torch.bfloat16)
+    run = tmp_path / "run"
+    result = run_gsm8k(model, run, problems_per_step=1, eval_problems=1, max_tokens=4, rank=8)
+    check_a_run_without_warm_up(run, result, model)
 
 
 def test_python_api_with_warm_up(tmp_path):

@@ -184,7 +184,8 @@ class WarmupConfig:
     """Supervised warm-up on the task's worked solutions before RL (cross_entropy; 0 steps = none)."""
 
     steps: int = 0
-    """Supervised steps before RL."""
+    """Supervised steps before RL. A recipe's warm-up is for its own model: with another base_model it runs only
+    when this is set."""
     batch_size: int = 16
     """Problems per supervised step."""
     learning_rate: float = 1e-3

@@ -3,7 +3,9 @@
     config = resolve_config(recipe="mbpp", overrides=["steps=40"])   # defaults < recipe < file < overrides
     source = build_source(config)                                    # the MbppSource with its data and reward
 
-A recipe is a dict of settings over ``TrainConfig``'s defaults; :func:`build_source` turns ``config.recipe``,
+A recipe is a dict of settings over ``TrainConfig``'s defaults, for the model it names; any other ``base_model=``
+(a folder, a GGUF file, a hub id) takes the same settings without the recipe's supervised warm-up, unless
+``warmup.steps`` asks for it (:func:`recipe_presets`). :func:`build_source` turns ``config.recipe``,
 ``config.task`` (keyword arguments of the source), ``config.data`` and ``config.reward`` into a ``ProblemSource``,
 or, for the env recipes (``ENV_RECIPES``: textarena), ``config.task`` into an env dataset (``envs.RLDataset``).
 Adding a recipe means one entry in ``RECIPES`` and, for a new kind of problem, one line in :func:`build_source`.
@@ -18,6 +20,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from rlvr.errors import ConfigurationError
+from rlvr.model_names import unaliased
 
 if TYPE_CHECKING:
     from rlvr.rl.config import TrainConfig
@@ -112,15 +115,27 @@ ENV_RECIPES = ("textarena",)
 
 
 def recipe_presets(name: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Recipe ``name``'s presets under ``layers`` (file, overrides...): a recipe's ``task.config`` configures its
-    ``task.name``, so it is left out when a layer names another dataset (``task.name=gcd`` starts from gcd's own
-    defaults instead of failing on the preset dataset's keys)."""
+    """Recipe ``name``'s presets under ``layers`` (file, overrides...), less those that belong to a setting the
+    layers change:
+
+    - a recipe's ``task.config`` configures its ``task.name``, so it is left out when a layer names another dataset
+      (``task.name=gcd`` starts from gcd's own defaults instead of failing on the preset dataset's keys);
+    - a recipe's warm-up is for the model it names, which needs it (SmolLM2-135M never ends a GSM8K answer in
+      ``\\boxed{}`` on its own; rpn's ``tiny`` starts from random weights), so on another ``base_model`` it runs
+      only when asked (a layer sets ``warmup.steps``): an instruct model given by folder, GGUF file or hub id
+      starts RL at once. The warm-up's other presets stay, for ``warmup.steps=N`` to use.
+    """
     presets = RECIPES[name]
     task = presets.get("task", {})
     named = [layer["task"]["name"] for layer in layers
              if isinstance(layer.get("task"), dict) and "name" in layer["task"]]
     if "config" in task and named and named[-1] != task.get("name"):
         presets = {**presets, "task": {k: v for k, v in task.items() if k != "config"}}
+    models = [layer["base_model"] for layer in layers if "base_model" in layer]
+    asked = any(isinstance(layer.get("warmup"), dict) and "steps" in layer["warmup"] for layer in layers)
+    warmup = presets.get("warmup", {})
+    if warmup.get("steps") and models and unaliased(models[-1]) != presets["base_model"] and not asked:
+        presets = {**presets, "warmup": {**warmup, "steps": 0}}
     return presets
 
 

