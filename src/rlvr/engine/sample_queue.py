@@ -8,10 +8,13 @@ consecutive chunks of at most ``max_rows`` samples (the engine's ``SampleBatch``
 settling every request's future with
 its SampleResponse, or with the error its chunk's decode raised.
 
-Which requests share a decode changes the rounding of each one's logprobs (~1e-5: products over a different number
-of rows), so gathering by arrival time makes a loaded machine's numbers depend on its timing. Requests submitted
-together as a unit (``submit_unit``, the RL loop's way) therefore decode as batches of their own, never joined by
-another request: the same requests give the same numbers bit for bit, however busy the machine is.
+On the CPU sampler's own path a request's samples do not depend on which requests share its decode (see
+``sample/sampler.py``), so a seeded request sent on its own gets the same tokens and logprobs whatever arrived with it.
+Elsewhere (other architectures, PyTorch's attention, unpacked matmuls, the GPU paths) which requests share a decode
+changes the rounding of each one's logprobs (~1e-6), so gathering by arrival time would make a loaded machine's
+numbers depend on its timing there. Requests submitted together as a unit (``submit_unit``, the RL loop's way)
+therefore decode as batches of their own, never joined by another request: the same requests give the same numbers
+bit for bit on every path, however busy the machine is.
 
 The Engine owns one queue and runs ``drain`` on its own thread, behind whatever jobs were queued before.
 

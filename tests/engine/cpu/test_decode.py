@@ -16,7 +16,7 @@ from rlvr.engine.cpu.decode import LlamaDecoder
 from rlvr.engine.models.load import LoadedModel, load_base_model
 from rlvr.engine.models.lora import AdapterHost, LoraSpec
 from rlvr.engine.models.random_models import small_config
-from rlvr.engine.sample.sampler import SampleJob, draw, prefill, resolve_params, sample_batch
+from rlvr.engine.sample.sampler import SampleJob, draw, prefill_each, resolve_params, sample_batch
 
 
 def tiny_with_head_size_16():
@@ -53,10 +53,20 @@ def tuned_host(model: LoadedModel) -> AdapterHost:
     return host
 
 
+@pytest.fixture(autouse=True)
+def attention_path(request, monkeypatch):
+    """With the "tiny" host, the decoder attends with PyTorch's ops (the fused kernel would take tiny's heads too),
+    so that both attention paths are tested."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("host") == "tiny":
+        monkeypatch.setattr(fused_attention, "supports", lambda *args: False)
+
+
 @pytest.fixture(scope="module", params=["tiny", "fused"])
 def host(request):
-    """tiny with a LoRA adapter whose B matrices are not zero; "fused": the same on heads of 16, where the decoder
-    attends with the fused kernel (skipped where it cannot run)."""
+    """tiny with a LoRA adapter whose B matrices are not zero, decoded with PyTorch's attention ops
+    (``attention_path``); "fused": the same on heads of 16, where the decoder attends with the fused kernel (skipped
+    where it cannot run)."""
     if request.param == "fused":
         if not fused_attention.buildable():
             pytest.skip("the fused attention kernel cannot run here (no AVX-512 or AVX2, or no C compiler)")
@@ -118,7 +128,7 @@ def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
         decoder = LlamaDecoder.build(model)
         assert decoder is not None
         assert (decoder.fused is not None) == (model.config.head_dim == 16 and fused_attention.buildable())
-        cache, mask, _ = prefill(model, prompts, pad_id=0)
+        cache, mask, _ = prefill_each(model, prompts)
         decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
         assert (decoder.head.packed is not None) == bool(packed)
         # rows finish: first lazily (slots kept), then enough of them to compact
@@ -133,7 +143,7 @@ def started_decoder(model, rows: torch.Tensor) -> LlamaDecoder:
     """A decoder over ``model`` started on ``PROMPTS`` prefilled, ``rows`` naming each row's prompt, with room for
     6 new tokens."""
     decoder = LlamaDecoder.build(model)
-    cache, mask, _ = prefill(model, PROMPTS[: int(rows.max()) + 1], pad_id=0)
+    cache, mask, _ = prefill_each(model, PROMPTS[: int(rows.max()) + 1])
     decoder.start(cache, mask, rows, capacity=mask.shape[1] + 6)
     return decoder
 
@@ -177,7 +187,7 @@ def test_adapter_changes_the_logits(host):
     for adapter in (None, "tuned"):
         with host.active(adapter) as model:
             decoder = LlamaDecoder.build(model)
-            cache, mask, _ = prefill(model, prompts, pad_id=0)
+            cache, mask, _ = prefill_each(model, prompts)
             decoder.start(cache, mask, torch.tensor([0]), capacity=8)
             out.append(decoder.step(torch.tensor([9]), torch.tensor([3])))
     assert (out[0] - out[1]).abs().max() > 1e-3

@@ -51,6 +51,8 @@ def by_hand(q, prompt_keys, prompt_values, bias, keys, values, chunk, scale):
     (1, 16, 16, 1, 17, True),  # one query head per key/value head, a prompt of exactly one block
     (2, 32, 3, 2, 64, False),
     (4, 128, 130, 8, 33, True),  # Llama 3's 4 per key/value head on heads of 128 (two slabs of values)
+    (2, 24, 37, 2, 20, True),  # the tiny model's heads of 24: a part-filled vector of values
+    (1, 8, 5, 1, 3, True),  # heads of 8: half a vector of 16
 ])
 def test_kernel_equals_attention_by_hand(kernel, query_heads, head_dim, width, chunk, generated, padded):
     gen = torch.Generator().manual_seed(query_heads * 1000 + generated)
@@ -118,7 +120,8 @@ def test_to_blocks_lays_keys_out_in_blocks_of_16():
 def test_supports_only_the_shapes_it_handles():
     assert fused_attention.supports(3, 64) and fused_attention.supports(4, 128) and fused_attention.supports(1, 16)
     assert not fused_attention.supports(5, 64)  # more query heads per key/value head than it unrolls
-    assert not fused_attention.supports(2, 24)  # heads not a multiple of 16 floats (the tiny model's)
+    assert fused_attention.supports(2, 24)  # the tiny model's heads
+    assert not fused_attention.supports(2, 20)  # heads not a multiple of 8 floats
 
 
 def test_attend_rejects_what_it_cannot_read(kernel):
@@ -206,3 +209,46 @@ def test_exp_of_scores_matches_torch_at_float32_rounding(kernel):
     expected = weights[:width] @ prompt_values[0, 0].double()
     torch.testing.assert_close(out[0].double(), expected, atol=1e-6, rtol=1e-5)
     assert math.isfinite(out.sum().item())
+
+
+@pytest.mark.parametrize(("query_heads", "head_dim"), [(2, 24), (3, 64)])  # tiny's heads, SmolLM2's
+def test_a_rows_output_does_not_depend_on_padding_chunks_or_other_rows(kernel, query_heads, head_dim):
+    # One row (its query, prompt of 21 columns, 19 generated columns) alone, then beside other rows of other
+    # prompts: its prompt left-padded to widths up to 70 (padding under -inf bias, holding anything finite), in
+    # chunks of 1 to 4 rows, at every place in the batch. Its output must be the same bit for bit: this is what
+    # lets a seeded request sample the same tokens whatever else is batched (a softmax summed in lanes counted
+    # from column 0 fails this as soon as the padding is not a multiple of the vector width).
+    gen = torch.Generator().manual_seed(head_dim)
+    kv_heads, length, generated = 2, 21, 19
+    heads = kv_heads * query_heads
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q, new_k, new_v = randn(heads * head_dim), randn(kv_heads * head_dim), randn(kv_heads * head_dim)
+    prompt_keys, prompt_values = randn(kv_heads, length, head_dim), randn(kv_heads, length, head_dim)
+    own_keys, own_values = randn(kv_heads, generated + 3, head_dim), randn(kv_heads, generated + 3, head_dim)
+
+    def run(padding: int, chunk: int, place: int) -> torch.Tensor:
+        slots, width = 2 * chunk, length + padding
+        rows_q, rows_k, rows_v = randn(slots, heads * head_dim), randn(slots, kv_heads * head_dim), randn(
+            slots, kv_heads * head_dim)
+        rows_q[place], rows_k[place], rows_v[place] = q, new_k, new_v
+        chunk_keys, chunk_values = randn(2, kv_heads, width, head_dim), randn(2, kv_heads, width, head_dim)
+        chunk_keys[place // chunk, :, padding:] = prompt_keys
+        chunk_values[place // chunk, :, padding:] = prompt_values
+        bias = torch.zeros(2, width)
+        bias[place // chunk, :padding] = float("-inf")
+        keys, values = randn(slots, kv_heads, generated + 3, head_dim), randn(slots, kv_heads, generated + 3, head_dim)
+        keys[place], values[place] = own_keys, own_values
+        out = torch.full((slots, heads * head_dim), float("nan"))
+        fused_attention.attend(kernel, rows_q, rows_k, rows_v, fused_attention.to_blocks(chunk_keys), chunk_values,
+                               bias if padding else None, fused_attention.to_blocks(keys), values, out,
+                               torch.empty(slots * heads * (width + generated)), chunk, generated, head_dim**-0.5)
+        return out[place]
+
+    alone = run(0, 1, 0)
+    for padding in (1, 3, 7, 8, 15, 16, 49):
+        for chunk in (1, 2, 4):
+            for place in {0, chunk - 1, chunk, 2 * chunk - 1}:
+                assert torch.equal(run(padding, chunk, place), alone), (padding, chunk, place)

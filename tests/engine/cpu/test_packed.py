@@ -148,14 +148,14 @@ def test_the_sampler_multiplies_in_the_trainers_precision():
     # A host in bfloat16 packs its frozen linears in bfloat16, and the decoder it samples with follows: its
     # logits are the model's own forward's (bfloat16 too) to bfloat16 rounding, and far from float32's.
     from rlvr.engine.cpu.decode import LlamaDecoder
-    from rlvr.engine.sample.sampler import prefill
+    from rlvr.engine.sample.sampler import prefill_each
 
     host = AdapterHost(load_base_model("tiny"), "bfloat16")
     reference = load_base_model("tiny").model
     decoder = LlamaDecoder.build(host.model)
     prompt = [5, 6, 7, 8]
-    cache, mask, _ = prefill(host.model, [prompt], pad_id=0)
-    decoder.start(cache, mask, torch.tensor([0, 0]), capacity=8)
+    prompts, mask, _ = prefill_each(host.model, [prompt])
+    decoder.start(prompts, mask, torch.tensor([0, 0]), capacity=8)
     assert decoder.head.pack_kind == "bf16"
     logits = decoder.step(torch.tensor([9, 9]), torch.tensor([4, 4]))
     with torch.inference_mode():

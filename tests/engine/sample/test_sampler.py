@@ -334,10 +334,14 @@ def test_requests_submitted_back_to_back_decode_as_one_batch(monkeypatch):
     assert batches == [32]
 
 
-def test_a_unit_gives_the_same_logprobs_bit_for_bit_whatever_arrives_with_it(trained):
-    # Which requests share a decode moves each one's logprobs in the last bits. Requests sent one by one join
-    # whatever else is waiting; sent as a unit (sample_many, the loop's way) they decode alone, so a crowd of other
-    # requests arriving with them changes nothing.
+def test_a_unit_gives_the_same_logprobs_bit_for_bit_whatever_arrives_with_it(trained, monkeypatch):
+    # Where the decode is not row by row (Hugging Face's forward, as for architectures other than Llama's), which
+    # requests share a decode moves each one's logprobs in the last bits. Requests sent one by one join whatever
+    # else is waiting; sent as a unit (sample_many, the loop's way) they decode alone, so a crowd of other requests
+    # arriving with them changes nothing.
+    from rlvr.engine.cpu import decode
+
+    monkeypatch.setattr(decode.LlamaDecoder, "build", classmethod(lambda cls, model: None))
     sampler = trained.save_weights_and_get_sampling_client()
     tok = trained.get_tokenizer()
     params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=4)
@@ -360,3 +364,61 @@ def test_a_unit_gives_the_same_logprobs_bit_for_bit_whatever_arrives_with_it(tra
     assert logprobs([bad[0].result()]) == logprobs(f.result() for f in sampler.sample_many(unit[:1]))
     with pytest.raises(SamplingError, match="prompt is empty"):
         bad[1].result()
+
+
+def test_a_seeded_request_gets_the_same_samples_whatever_is_batched_beside_it(trained, monkeypatch):
+    # What a user expects of a seed, and what makes runs repeat against a server that batches requests in arrival
+    # order: a seeded request's tokens and logprobs, bit for bit, whether it decodes alone or beside other requests
+    # (prompts shorter and longer than its own, so its prompt is padded; more and fewer samples; other lengths and
+    # sampling settings, seeded or not), wherever it arrives among them. The engine is held busy while a batch is
+    # submitted, so that every request of it waits and they decode as one batch (checked below).
+    import threading
+
+    from rlvr.engine.cpu import fused_attention
+    from rlvr.engine.sample import sampler as sampler_module
+
+    if not fused_attention.buildable():
+        pytest.skip("the guarantee holds where the fused attention kernel runs (no AVX2 or no C compiler here)")
+    batches = []
+    real = sampler_module.sample_batch
+
+    def spy(model, jobs, *args, **kwargs):
+        batches.append(len(jobs))
+        return real(model, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(sampler_module, "sample_batch", spy)
+    sampler = trained.save_weights_and_get_sampling_client()
+    tok = trained.get_tokenizer()
+
+    def request(text, n, **params):
+        return types.ModelInput.from_ints(tok.encode(text)), n, types.SamplingParams(**params)
+
+    target = request("What is 2 + 3? Answer:", 4, max_tokens=24, temperature=1.0, seed=7)
+    neighbours = [
+        [request("x", 1, max_tokens=5, seed=1)],
+        [request("a much longer prompt than the target's own, by a good margin", 8, max_tokens=40)],
+        [request("q", 3, max_tokens=60, temperature=0.7, seed=2),
+         request("another prompt of some length " * 3, 5, max_tokens=10, top_p=0.9, seed=3)],
+        [request("What is 2 + 3? Answer:", 2, max_tokens=30, seed=8),  # its own prompt, another seed
+         request("mid-sized prompt", 16, max_tokens=24), request("greedy", 1, max_tokens=12, temperature=0.0)],
+    ]
+
+    def samples(response):
+        return [(list(s.tokens), list(s.logprobs)) for s in response.sequences]
+
+    def batched(requests):
+        gate = threading.Event()
+        sampler.engine.submit(gate.wait)  # the engine thread waits here while the batch queues up
+        futures = [sampler.sample(*r) for r in requests]
+        gate.set()
+        return [samples(f.result()) for f in futures]
+
+    alone = samples(sampler.sample(*target).result())
+    assert batches[-1] == 1
+    for others in neighbours:
+        for place in range(len(others) + 1):
+            requests = [*others[:place], target, *others[place:]]
+            assert batched(requests)[place] == alone, (len(others), place)
+            assert batches[-1] == len(requests)  # they did decode as one batch
+        unit = [f.result() for f in sampler.sample_many([*others, target])]
+        assert samples(unit[-1]) == alone

@@ -5,8 +5,9 @@ a LoRA wrapper (dropout, two matmuls, a scale, an add) per projection, an attent
 flash kernel on a query of length 1. This module runs the same arithmetic with the model's own weights (no copy):
 
 - each projection is one matmul on the base weight plus, per active LoRA adapter, the adapter's A once per input
-  (q, k and v share one A-matmul, so do gate and up) and one ``addmm_`` per B, scaled as peft scales it. Adapters
-  stay unmerged, so any number of sampler snapshots share the one base model. On a CPU with AMX the base matmuls
+  (q, k and v share one A-matmul, so do gate and up) and one product per B, scaled as peft scales it (on oneDNN
+  packs of A and B where torch has oneDNN, ``pack_adapters``). Adapters stay unmerged, so any number of sampler
+  snapshots share the one base model. On a CPU with AMX the base matmuls
   run on ``amx_linear`` (three bfloat16 products per float32 one), which also computes their input: the RMSNorms
   and the MLP's SiLU(gate) * up cost no op of their own;
 - rows that continue one prompt sit in chunks of consecutive slots, and a chunk holds its prompt's keys and values
@@ -25,6 +26,13 @@ flash kernel on a query of length 1. This module runs the same arithmetic with t
 The prompt is prefilled by the model's own forward (so prompt processing is Hugging Face's, and the first sampled
 token's logits are its logits); from there each step is this module's. ``tests/engine/cpu/test_decode.py`` checks
 its logits against the model's forward, with and without LoRA.
+
+A row's logits depend on that row alone, bit for bit, not on the other rows, their number, the chunks or the
+prompts' padding (what the sampler's seed guarantee needs, ``sample/sampler.py``): the base products run on packs
+whose rows come out alike at any row count (oneDNN's, the AMX kernel), so do the adapters' (``pack_adapters``); the
+fused kernel attends row by row (``decode_attention.c``); norms, activations and the rotary embedding (one table,
+``_rotary``) work row by row. Not so with a plain ``F.linear`` (MKL rounds 1 to 3 rows, and odd counts, otherwise
+than 4 or more) or PyTorch's attention ops.
 
 Supported: ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, the tiny test model), ``Qwen2ForCausalLM`` (Qwen2 and
 Qwen2.5: biases on q, k and v) and ``Qwen3ForCausalLM`` (an RMSNorm over each query and key head before the rotary
@@ -50,14 +58,20 @@ ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")  # 
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
 TIMING_ROWS = 64  # the batch the decode kernel is chosen at (once per process): 8 prompts x 8 samples
 MACHINE_BALANCE = 20.0  # FLOPs per byte of memory read at which a 2-core CPU's matmuls and memory take equal time
+ROTARY_BLOCK = 256  # positions whose rotary embedding is computed together (``LlamaDecoder._rotary``)
 
 
 @dataclass
 class _Adapter:
-    """One LoRA adapter on a group of projections sharing an input: ``a`` stacks their A matrices."""
+    """One LoRA adapter on a group of projections sharing an input: ``a`` stacks their A matrices.
+
+    With ``packed``, A and each B are oneDNN packs (``pack_adapters``), whose products round each row alike
+    whatever the row count; else they are the module weights, multiplied by ``F.linear``.
+    """
 
     a: torch.Tensor  # (sum r, in)
     parts: list[tuple[slice, slice, torch.Tensor, float]]  # (output columns, rows of a, B (out, r), scale)
+    packed: bool = False
 
 
 @dataclass
@@ -105,12 +119,27 @@ class _Projections:
         return self._add_adapters(x, out)
 
     def _add_adapters(self, x: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-        """``out`` plus each active adapter's product on the input ``x`` (None only when there are none)."""
+        """``out`` plus each active adapter's product on the input ``x`` (None only when there are none), scaled as
+        peft scales it: out + (x A^T B^T) * scale."""
         for adapter in self.adapters:
-            low = F.linear(x, adapter.a)  # (R, sum r)
+            if not adapter.packed:
+                low = F.linear(x, adapter.a)  # (R, sum r)
+                for columns, rows, b, scale in adapter.parts:
+                    out[:, columns].addmm_(low[:, rows], b.t(), alpha=scale)
+                continue
+            low = packed_linear(x.contiguous(), adapter.a, "mkldnn", None, None, 0)  # (R, sum r)
+            single = len(adapter.parts) == 1
             for columns, rows, b, scale in adapter.parts:
-                out[:, columns].addmm_(low[:, rows], b.t(), alpha=scale)
+                product = packed_linear(low if single else low[:, rows].contiguous(), b, "mkldnn", None, None, 0)
+                out[:, columns].add_(product.mul_(scale))  # a multiply, then an add: each rounds once, row by row
         return out
+
+
+def pack_adapters() -> bool:
+    """Whether LoRA adapters' products run on oneDNN packs (where this torch has oneDNN's matmul): unlike MKL's
+    ``F.linear``, which takes another path for 1 to 3 rows or an odd count, their rows come out the same whatever
+    the row count, so a sampled row does not depend on what else is in the batch."""
+    return "mkldnn" in pack_kinds()
 
 
 class _Unsupported(Exception):
@@ -141,14 +170,17 @@ def _projections(modules: list[torch.nn.Module]) -> _Projections:
     for w in weights:
         columns.append(columns[-1] + w.shape[0])
     adapters = []
+    packed = pack_adapters()
     for parts in by_name.values():
         offsets = [0]
         for _, a, _, _ in parts:
             offsets.append(offsets[-1] + a.shape[0])
         stacked = torch.cat([a for _, a, _, _ in parts]) if len(parts) > 1 else parts[0][1]
-        adapters.append(_Adapter(stacked, [(slice(columns[index], columns[index + 1]),
-                                            slice(offsets[i], offsets[i + 1]), b, scale)
-                                           for i, (index, _, b, scale) in enumerate(parts)]))
+        adapters.append(_Adapter(
+            pack(stacked.detach(), "mkldnn", TIMING_ROWS) if packed else stacked,
+            [(slice(columns[index], columns[index + 1]), slice(offsets[i], offsets[i + 1]),
+              pack(b.detach(), "mkldnn", TIMING_ROWS) if packed else b, scale)
+             for i, (index, _, b, scale) in enumerate(parts)], packed))
     return _Projections(weights, biases, adapters)
 
 
@@ -258,6 +290,8 @@ class LlamaDecoder:
         self.fused = (fused_attention.kernel()
                       if fused_attention.supports(self.num_heads // self.num_kv_heads, self.head_dim) else None)
         self.scratch = torch.empty(0)  # the kernel's attention weights, S * H * (P + capacity) floats
+        self.cos: torch.Tensor | None = None  # (positions, D): the rotary embedding of each position (``_rotary``)
+        self.signed_sin: torch.Tensor | None = None
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> LlamaDecoder | None:
@@ -282,13 +316,16 @@ class LlamaDecoder:
             return None
         return cls(causal_lm, layers, head)
 
-    def start(self, prompt_cache, attention_mask: torch.Tensor, rows: torch.Tensor, capacity: int) -> None:
-        """Take over a prefilled cache: ``prompt_cache`` holds distinct prompts (U, G, P, D) per layer with
-        ``attention_mask`` (U, P) marking their left padding; row r continues prompt ``rows[r]``. ``capacity``:
-        columns to reserve (prompt width + the most tokens any row may add)."""
+    def start(self, prompts: list[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor, rows: torch.Tensor,
+              capacity: int) -> None:
+        """Take over prefilled prompts: ``prompts`` holds each layer's keys and values of the distinct prompts,
+        (U, G, P, D) each (``sampler.prefill_each``), with ``attention_mask`` (U, P) marking their left padding; row
+        r continues prompt ``rows[r]``. ``capacity``: columns to reserve (prompt width + the most tokens any row may
+        add)."""
         width = attention_mask.shape[1]
         _attach_packs(self.causal_lm, self.projections, len(rows))
-        self.prompts = [(layer.keys, layer.values) for layer in prompt_cache.layers]
+        self.prompts = list(prompts)
+        self.cos, self.signed_sin = self._rotary(capacity)
         self.prompt_mask = attention_mask
         self.padded = bool((attention_mask == 0).any())
         self.generated = 0
@@ -301,6 +338,22 @@ class LlamaDecoder:
             self.keys = [torch.empty(0, self.num_kv_heads, blocks, self.head_dim, fused_attention.BLOCK)] * len(
                 self.prompts)
         self._layout(rows, torch.empty(0, dtype=torch.long))
+
+    def _rotary(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary embedding's cos and signed sin (see ``_rotate``) of positions 0 .. ``positions`` - 1,
+        (positions, D) each, computed by the model's own rotary module in blocks of ``ROTARY_BLOCK`` positions: a
+        position's values then never depend on which others a step holds (an elementwise cos may round a vector's
+        tail otherwise than its body). A rotary embedding that rescales with the length it is asked for (dynamic,
+        longrope) is computed per step instead (``cos`` None)."""
+        rotary = self.model.rotary_emb
+        rope_type = str(getattr(rotary, "rope_type", ""))
+        if "dynamic" in rope_type or rope_type == "longrope":
+            return None, None
+        blocks = -(-positions // ROTARY_BLOCK)
+        cos, sin = rotary(torch.empty(0), torch.arange(blocks * ROTARY_BLOCK).view(blocks, ROTARY_BLOCK))
+        cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     def _layout(self, row_prompt: torch.Tensor, row_slot: torch.Tensor) -> None:
         """Lay the live rows (row r continues prompt ``row_prompt[r]``; its generated columns so far are in slot
@@ -352,9 +405,12 @@ class LlamaDecoder:
             tokens = tokens.new_zeros(slots_total).index_copy_(0, self.slots, tokens)
             positions = positions.new_zeros(slots_total).index_copy_(0, self.slots, positions)
         x = self.model.embed_tokens(tokens)  # (S, hidden)
-        cos, sin = self.model.rotary_emb(x, positions[:, None])  # (S, 1, D)
-        half = sin.shape[-1] // 2
-        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        if self.cos is not None:
+            cos, signed_sin = self.cos[positions, None], self.signed_sin[positions, None]  # (S, 1, D)
+        else:
+            cos, sin = self.model.rotary_emb(x, positions[:, None])  # (S, 1, D)
+            half = sin.shape[-1] // 2
+            signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         column, self.generated = self.generated, self.generated + 1
         S, H, G, D = slots_total, self.num_heads, self.num_kv_heads, self.head_dim
         out = torch.empty(S, H * D) if self.fused else None  # the kernel's output, read by o before the next layer

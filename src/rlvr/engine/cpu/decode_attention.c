@@ -9,6 +9,12 @@
 
    Arithmetic: float32, sums in a fixed order (the same on every call, whatever the thread count); e^x by a
    degree-7 polynomial to ~1 ulp. Results equal PyTorch's batched products and softmax to float32 rounding.
+   A row's result depends on its own query, prompt and generated columns only, not on the other rows, the chunk
+   size or how much left padding its prompt has (the widest prompt of the batch sets it): scores and weighted sums
+   run column by column in order, padding adding exact zeros; p columns of padding move each column p lanes along
+   in the softmax's sum, which leaves each lane's sum as it was (only in another lane), and the lanes are summed
+   by halves (lane k with lane k + width/2, and so on down), an order that a rotation of the lanes keeps. That is
+   what lets a seeded request sample the same tokens whatever is batched beside it (sampler.py).
    The vector code comes twice: 16 lanes (AVX-512, up to 4 blocks of keys at a time) and 8 lanes (AVX2, one block
    at a time: 16 registers hold fewer accumulators); -march=native picks the one the CPU has. */
 
@@ -107,19 +113,18 @@ static void softmax(float *w, int Q, int len, int64_t w_ld) {
     }
 }
 
-/* out[i] += sum_j w[i][j] values[j] for j < len; values (len, D), D a multiple of 16, 64 columns at a time. */
+/* out[i] += sum_j w[i][j] values[j] for j < len; values (len, D), D a multiple of 8, 64 columns at a time. */
 INLINE void weighted_sum_q(const int Q, const float *w, int64_t w_ld, int D, const float *values, int len, float *out,
                            Prefetch *f) {
     for (int d0 = 0; d0 < D; d0 += 64) {
-        int nb = (D - d0) / 16 < 4 ? (D - d0) / 16 : 4;
-        __mmask16 m1 = nb > 1 ? 0xFFFF : 0, m2 = nb > 2 ? 0xFFFF : 0, m3 = nb > 3 ? 0xFFFF : 0;
+        __mmask16 m0 = lanes(D - d0), m1 = lanes(D - d0 - 16), m2 = lanes(D - d0 - 32), m3 = lanes(D - d0 - 48);
         __m512 acc[MAX_Q][4];
         for (int i = 0; i < Q; i++)
             for (int b = 0; b < 4; b++) acc[i][b] = _mm512_setzero_ps();
         for (int j = 0; j < len; j++) {
             const float *v = values + (int64_t)j * D + d0;
             prefetch_some(f, 2);
-            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_maskz_loadu_ps(m1, v + 16);
+            __m512 v0 = _mm512_maskz_loadu_ps(m0, v), v1 = _mm512_maskz_loadu_ps(m1, v + 16);
             __m512 v2 = _mm512_maskz_loadu_ps(m2, v + 32), v3 = _mm512_maskz_loadu_ps(m3, v + 48);
             for (int i = 0; i < Q; i++) {
                 __m512 wi = _mm512_set1_ps(w[i * w_ld + j]);
@@ -131,7 +136,7 @@ INLINE void weighted_sum_q(const int Q, const float *w, int64_t w_ld, int D, con
         }
         for (int i = 0; i < Q; i++) {
             float *dst = out + i * D + d0;
-            _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), acc[i][0]));
+            _mm512_mask_storeu_ps(dst, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, dst), acc[i][0]));
             _mm512_mask_storeu_ps(dst + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, dst + 16), acc[i][1]));
             _mm512_mask_storeu_ps(dst + 32, m2, _mm512_add_ps(_mm512_maskz_loadu_ps(m2, dst + 32), acc[i][2]));
             _mm512_mask_storeu_ps(dst + 48, m3, _mm512_add_ps(_mm512_maskz_loadu_ps(m3, dst + 48), acc[i][3]));
@@ -210,15 +215,16 @@ static void softmax(float *w, int Q, int len, int64_t w_ld) {
     }
 }
 
-/* As the AVX-512 weighted_sum_q, 16 columns of D (two registers per query head) at a time. */
+/* As the AVX-512 weighted_sum_q, 16 columns of D (two registers per query head) at a time; D a multiple of 8. */
 INLINE void weighted_sum_q(const int Q, const float *w, int64_t w_ld, int D, const float *values, int len, float *out,
                            Prefetch *f) {
     for (int d0 = 0; d0 < D; d0 += 16) {
+        __m256i m1 = lanes8(D - d0 - 8);  /* the second 8 columns, where D has them */
         __m256 acc[MAX_Q][2];
         for (int i = 0; i < Q; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
         for (int j = 0; j < len; j++) {
             const float *v = values + (int64_t)j * D + d0;
-            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_maskload_ps(v + 8, m1);
             prefetch_some(f, 1);
             for (int i = 0; i < Q; i++) {
                 __m256 wi = _mm256_broadcast_ss(w + i * w_ld + j);
@@ -229,7 +235,7 @@ INLINE void weighted_sum_q(const int Q, const float *w, int64_t w_ld, int D, con
         for (int i = 0; i < Q; i++) {
             float *dst = out + i * D + d0;
             _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), acc[i][0]));
-            _mm256_storeu_ps(dst + 8, _mm256_add_ps(_mm256_loadu_ps(dst + 8), acc[i][1]));
+            _mm256_maskstore_ps(dst + 8, m1, _mm256_add_ps(_mm256_maskload_ps(dst + 8, m1), acc[i][1]));
         }
     }
 }
@@ -266,7 +272,7 @@ int rlvr_decode_attention(const float *q, int64_t q_row, const float *new_k, int
                           int64_t v_row, const float *prompt_keys, const float *prompt_values, const float *bias,
                           float *keys, float *values, float *scratch, float *out, int S, int G, int Q, int D, int P,
                           int chunk, int cap, int n, float scale) {
-    if (Q < 1 || Q > MAX_Q || D % 16 || n < 1 || n > cap) return 1;
+    if (Q < 1 || Q > MAX_Q || D % 8 || n < 1 || n > cap) return 1;
     const int L = P + n, prompt_blocks = (P + 15) / 16, own_blocks = (cap + 15) / 16;
     #pragma omp parallel for schedule(static)
     for (int index = 0; index < S * G; index++) {

@@ -9,6 +9,10 @@ On 2 Xeon cores it took 10-11 ms for SmolLM2's 30 layers at 64 rows and 64 gener
 ops took 22 (``tests/engine/cpu/test_fused_attention.py`` checks it against attention by hand, ``bench/sampling.py``
 times the whole).
 
+A row's output does not depend on the other rows, the chunk size or its prompt's left padding (the kernel's
+docstring says why); the sampler's guarantee that a seeded request samples the same whatever is batched beside it
+rests on that. Heads of any multiple of 8 floats, with up to ``MAX_QUERY_HEADS`` query heads per key/value head.
+
 It needs an x86-64 CPU with AVX-512, or AVX2 with FMA (the same kernel at half the vector width), and a C compiler
 (``$CC``, else ``cc``): ``native`` builds it for this CPU into ``$RLVR_HOME/kernels/`` (a fraction of a second,
 once per machine and source); it runs on torch's own OpenMP threads. Without them, or with
@@ -53,7 +57,7 @@ def to_blocks(keys: torch.Tensor) -> torch.Tensor:
 
 def supports(query_heads_per_kv: int, head_dim: int) -> bool:
     """Whether the kernel handles this attention shape (else the decoder keeps the PyTorch ops)."""
-    return 1 <= query_heads_per_kv <= MAX_QUERY_HEADS and head_dim % 16 == 0
+    return 1 <= query_heads_per_kv <= MAX_QUERY_HEADS and head_dim % 8 == 0
 
 
 def _compiler() -> str:

@@ -3,9 +3,20 @@
 Requests that arrive together are decoded together. Each distinct prompt is prefilled once and its KV cache
 repeated for its ``num_samples`` rows (a group shares its prefix); then all live rows of all requests decode
 together, one token per step. Rows that finish (a stop token, a stop string, ``max_tokens``) leave the batch, so no
-compute is spent on them. Each request draws from its own generator, so a seeded request gives the same tokens
-whatever else was batched with it (up to floating-point ties: padding and batch size can change the last bits of
-a logit).
+compute is spent on them.
+
+A seeded request gets the same tokens and logprobs, bit for bit, whatever else is batched with it and wherever it
+sits in the batch: each request draws from its own generator, and on the CPU path every number of a row is computed
+from that row alone. Each prompt is prefilled on its own (``prefill_each``: a padded batch would change the
+attention's shapes, and so its rounding); ``decode.LlamaDecoder`` multiplies on kernels whose rows do not depend on
+the row count (oneDNN's packs, the AMX kernel; LoRA adapters on oneDNN too) and attends with the fused kernel, whose
+sums do not depend on the padding or the other rows (``decode_attention.c``); and each request's logprobs are taken
+on its own rows. ``tests/engine/test_sampler.py`` checks it against neighbours of every kind. Where one of those
+is missing, a batch moves a row's logits in the last bits (~1e-6), which can move a draw that lands on a boundary:
+Hugging Face's forward (architectures other than Llama's), PyTorch's attention ops (no C compiler, or
+``RLVR_ATTENTION=torch``), base weights too large to pack (``packed.PACK_MAX_BYTES``) or ``RLVR_MATMUL=plain``/
+``mkl``, and the GPU paths. Requests sent as one unit (``sample_queue``) are decoded apart from other requests, so
+they repeat there too.
 
 Which distribution the logprobs are under: always the model's own next-token distribution at temperature 1,
 before temperature, top-k or top-p reshape it for the draw. That is exactly what the trainer computes for the same
@@ -191,20 +202,52 @@ def prefill(model: torch.nn.Module, prompts: list[list[int]], pad_id: int, capac
 
 
 @torch.inference_mode()
+def prefill_each(model: torch.nn.Module, prompts: list[list[int]]
+                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
+    """Run each of ``prompts`` through the model's forward on its own, unpadded, so that its keys, values and
+    logits are the same whatever other prompts come with it (a padded batch changes the attention's shapes, and so
+    its rounding). Returns each layer's keys and values of all prompts, (U, G, P, D) each, left-padded with zeros
+    to the widest; the attention mask (U, P), 0 on the padding; and each prompt's next-token logits (U, V) float32.
+    For ``LlamaDecoder``, which attends to padding with exactly zero weight."""
+    width = max(len(p) for p in prompts)
+    device = model_device(model)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (U, P)
+    layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+    logits = []
+    for u, prompt in enumerate(prompts):
+        attention_mask[u, width - len(prompt):] = 1
+        out = model(input_ids=torch.tensor([prompt], device=device), **cache_kwargs(GrowingCache(1)),
+                    logits_to_keep=1)
+        for i, layer in enumerate(returned_cache(out).layers):
+            if u == 0:
+                shape = (len(prompts), layer.keys.shape[1], width, layer.keys.shape[3])
+                layers.append((layer.keys.new_zeros(shape), layer.values.new_zeros(shape)))
+            layers[i][0][u, :, width - len(prompt):] = layer.keys[0]
+            layers[i][1][u, :, width - len(prompt):] = layer.values[0]
+        logits.append(out.logits[0, -1, :].float())
+    return layers, attention_mask.to(device), torch.stack(logits)
+
+
+@torch.inference_mode()
 def sample_batch(
     model: torch.nn.Module, jobs: list[SampleJob], decode: Callable[[list[int]], str], pad_id: int,
     *, fast: bool = True,
 ) -> list[list[Sequence_]]:
     """Sample every job's continuations in one batched decode (see the module docstring).
 
-    Distinct prompts are left-padded and prefilled together, once each; each prompt's cache rows are then repeated
-    for its samples. Every step decodes all live rows at once, and finished rows leave the batch. Decode steps run
-    through ``LlamaDecoder`` when the model is one it supports (``fast=False`` forces Hugging Face's forward).
+    Distinct prompts are prefilled once each (for ``LlamaDecoder`` one at a time, else left-padded together); each
+    prompt's cache rows are then repeated for its samples. Every step decodes all live rows at once, and finished
+    rows leave the batch. Decode steps run through ``LlamaDecoder`` when the model is one it supports
+    (``fast=False`` forces Hugging Face's forward).
     """
     from rlvr.engine.cpu.decode import LlamaDecoder  # the CPU kernels load on the CPU path only
 
     distinct = list(dict.fromkeys(tuple(job.prompt) for job in jobs))
-    cache, attention_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id)
+    llama = LlamaDecoder.build(model) if fast else None
+    if llama is not None:
+        prompts, attention_mask, last_logits = prefill_each(model, [list(p) for p in distinct])
+    else:
+        cache, attention_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id)
 
     # One row per sample: (job, sample) pairs, rows of a job contiguous.
     row_job = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
@@ -213,8 +256,8 @@ def sample_batch(
     logits = last_logits[prompt_row]  # (R, V)
     positions = attention_mask.sum(-1)[prompt_row]  # (R,) position of each row's next token
     capacity = attention_mask.shape[1] + max(job.settings.max_tokens for job in jobs)
-    decoder = (LlamaDecoder.build(model) if fast else None) or _HFDecoder(model)
-    decoder.start(cache, attention_mask, prompt_row, capacity)
+    decoder = llama or _HFDecoder(model)
+    decoder.start(prompts if llama is not None else cache, attention_mask, prompt_row, capacity)
 
     results = [[Sequence_([], [], "length") for _ in range(job.num_samples)] for job in jobs]
     while row_job:
@@ -249,11 +292,12 @@ def _choose(logits: torch.Tensor, row_job: list[int], jobs: list[SampleJob]) -> 
     Greedy and plain temperature-1 rows (the usual RL case) draw from the temperature-1 softmax itself and take
     the chosen token's logprob as its log there: a drawn or greedy token's probability is far above float32's
     underflow, so this equals log_softmax's value to rounding, one pass over the vocabulary cheaper. Other rows
-    take logit - logsumexp.
+    take logit - logsumexp. Each job's logprobs are computed on its own rows (an elementwise log may round the
+    tail of a vector otherwise than its body, and where a row falls must not depend on the other jobs).
     """
     probs = torch.softmax(logits, dim=-1)  # (R, V)
     chosen = torch.empty(len(row_job), dtype=torch.long)  # (R,)
-    exact = torch.zeros(len(row_job), dtype=torch.bool)  # rows whose logprob needs logsumexp
+    logprobs = torch.empty(len(row_job))  # (R,)
     start = 0
     while start < len(row_job):  # each job draws its contiguous rows with its own settings and generator
         end = start
@@ -261,17 +305,18 @@ def _choose(logits: torch.Tensor, row_job: list[int], jobs: list[SampleJob]) -> 
             end += 1
         job = jobs[row_job[start]]
         settings = job.settings
-        if settings.temperature == 1 and settings.top_k < 0 and settings.top_p == 1:
+        plain = settings.temperature == 1 and settings.top_k < 0 and settings.top_p == 1
+        if plain:
             chosen[start:end] = draw(probs[start:end], job.generator)
         else:
             chosen[start:end] = choose_tokens(logits[start:end], settings, job.generator)
-            exact[start:end] = settings.temperature != 0
+        picked = chosen[start:end, None]
+        if plain or settings.temperature == 0:
+            logprobs[start:end] = probs[start:end].gather(-1, picked).squeeze(-1).log()
+        else:
+            logprobs[start:end] = (logits[start:end].gather(-1, picked).squeeze(-1)
+                                   - torch.logsumexp(logits[start:end], dim=-1))
         start = end
-    logprobs = probs.gather(-1, chosen[:, None]).squeeze(-1).log()
-    if exact.any():
-        rows = exact.nonzero().squeeze(-1)
-        picked = logits[rows].gather(-1, chosen[rows, None]).squeeze(-1)
-        logprobs[rows] = picked - torch.logsumexp(logits[rows], dim=-1)
     return chosen, logprobs
 
 
