@@ -54,7 +54,7 @@ def atomic_file(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
     is synced, given ``mode`` and renamed over ``path``, and when it raises it is removed. A full disk, a denied
     permission or a read-only filesystem is a StorageError naming ``path`` and the fix."""
     path = Path(path)
-    with storage_errors("write", path):
+    with storage_errors("write", _named(path)):
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
         temp = Path(name)
@@ -78,7 +78,7 @@ def atomic_folder(path: str | Path, exist_ok: bool = True, action: str = "write"
     permission or a read-only filesystem, in the block too, is a StorageError: "could not ``action`` ``path``: ...".
     """
     path = Path(path)
-    with storage_errors(action, path):
+    with storage_errors(action, _named(path)):
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
         try:
@@ -109,6 +109,11 @@ def remove_folder(path: str | Path) -> None:
         aside = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
         os.replace(path, aside)
         shutil.rmtree(aside)
+
+
+def _named(path: Path) -> Path:
+    """``path`` as an error names it: through the links on its way (a run's checkpoints are reached through one)."""
+    return path.resolve() if any(p.is_symlink() for p in path.parents if p != p.parent) else path
 
 
 @contextlib.contextmanager

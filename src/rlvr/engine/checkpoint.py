@@ -68,7 +68,7 @@ def read_meta(path: str) -> tuple[Path, dict]:
     folder = resolve(path)
     meta_file = folder / "rlvr.json"
     if not meta_file.exists():
-        hint = f" (looked in {folder})" if str(folder) != path else ""
+        hint = f" (looked in {folder.resolve()})" if str(folder) != path else ""
         raise CheckpointNotFoundError(f"no checkpoint at {path!r}{hint}; paths come from save_state / "
                                       "save_weights_for_sampler, e.g. rlvr://<run>/weights/<name>")
     try:
@@ -105,6 +105,6 @@ def read_torch(folder: Path, filename: str, path: str) -> object:
 
 def _damaged(path: str, file: Path, exc: BaseException) -> CheckpointError:
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return CheckpointError(f"checkpoint {path} is damaged: {file} cannot be read ({reason:.120}); rlvr writes "
-                           "checkpoints whole, so the file was changed afterwards (a disk fault, a copy cut short): "
-                           "restore it, or resume from an earlier checkpoint")
+    return CheckpointError(f"checkpoint {path} is damaged: {file.resolve()} cannot be read ({reason:.120}); rlvr "
+                           "writes checkpoints whole, so the file was changed afterwards (a disk fault, a copy cut "
+                           "short): restore it, or resume from an earlier checkpoint")
