@@ -9,7 +9,7 @@ import io
 
 from rich.console import Console
 
-from rlvr.rl.progress import StepProgress, make_console, phase
+from rlvr.rl.progress import StepProgress, make_console
 
 
 class Clock:
@@ -57,15 +57,6 @@ def test_on_a_terminal_a_bar_and_no_step_lines():
         for step in range(3):
             progress.update(step + 1, "reward 1.0")
     assert "step 3/3" in out.getvalue() and "s/step" not in out.getvalue()
-
-
-def test_phase_off_a_terminal_says_when_it_starts_and_how_long_it_took():
-    console, out = _console(terminal=False)
-    clock = Clock()
-    with phase(console, "evaluating the base model on 300 held-out problems", clock=clock):
-        clock.now += 185
-    assert out.getvalue().splitlines() == ["evaluating the base model on 300 held-out problems ...",
-                                           "evaluating the base model on 300 held-out problems: done in 3:05"]
 
 
 def test_the_first_step_alone_gives_no_rate_and_says_it_holds_the_set_up():

@@ -1,10 +1,9 @@
 """Progress of a run's long phases on its console: the warm-up's and the RL loop's steps, and the evaluations.
 
-On a terminal a step phase is a bar with its status, elapsed time and ETA, an evaluation inside it a second bar of
-problems answered, and other work a spinner. On anything else (a log file, a pipe, CI), where a bar is only drawn
-when it ends, a phase prints a line at its start, at least ``every_s`` seconds apart, and at its end, each with the
-seconds per step (or problem) and the ETA; other work prints a line when it starts and one when it ends. A run sent
-to a file says where it is.
+On a terminal a step phase is a bar with its status, elapsed time and ETA, and an evaluation (inside a phase or on
+its own) a bar of problems answered. On anything else (a log file, a pipe, CI), where a bar is only drawn when it
+ends, each prints a line at its start, at least ``every_s`` seconds apart, and at its end, with the seconds per step
+(or problem) and the ETA. A run sent to a file says where it is.
 
 The rate and ETA are timed from the end of the first step this process ran: that step also carries one-off work
 (loading the model, the first compilations), so a line after it alone says how long it took and that the ETA comes
@@ -125,19 +124,6 @@ class StepProgress:
                           f"ETA {_clock_text(per_step * (self.total - self.done))}")
         self.console.print(f"{self.label} {self.done}/{self.total}  {self.status}  {timing}".replace("    ", "  "),
                            highlight=False, soft_wrap=True)
-
-
-@contextlib.contextmanager
-def phase(console: Any, text: str, clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
-    """A spinner with ``text`` on a terminal; elsewhere a line when it starts and one with its time when it ends."""
-    if console.is_terminal:
-        with console.status(text):
-            yield
-        return
-    started = clock()
-    console.print(f"{text} ...", highlight=False, soft_wrap=True)
-    yield
-    console.print(f"{text}: done in {_clock_text(clock() - started)}", highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
