@@ -1,6 +1,7 @@
 """A clean stop (rl/stop.py, rl/status.py): SIGTERM or Ctrl-C finish the step in flight, checkpoint it, mark the run
 interrupted, print the command that resumes it and exit with 128 + the signal; the resumed run ends where the
-uninterrupted one does. A second Ctrl-C stops at once. Nothing the run started is left running."""
+uninterrupted one does. A second Ctrl-C stops at once. Nothing the run started (reward workers, Ray) is left
+running."""
 
 from __future__ import annotations
 
@@ -102,6 +103,24 @@ def test_sigterm_between_checkpoints_checkpoints_the_step_reached_and_resumes_to
     assert resumed.returncode == 0, output
     assert json.loads((stopped / "status.json").read_text())["status"] == "finished"
     assert_same_run(straight, stopped, 8)
+
+
+def test_sigterm_stops_a_ray_run_cleanly_and_its_cluster_goes_with_it(tmp_path):
+    """ray.init takes SIGTERM for itself (it would end the run at once, marked failed): the run takes it back."""
+    pytest.importorskip("ray")
+    out = tmp_path / "run"
+    run = rlvr("train", *TINY, "steps=30", "distributed.backend=ray", f"out={out}")
+    wait_for_row(run, out, 0)
+    children = descendants(run.pid)  # the local Ray instance, its actors and reward workers
+    run.send_signal(signal.SIGTERM)
+    output = run.communicate(timeout=300)[0]
+    assert run.returncode == 143, output
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["step"] == last_checkpoint(out)["step"] > 0, status
+    deadline = time.monotonic() + 30
+    while alive(children) and time.monotonic() < deadline:  # Ray's own processes take a moment to go
+        time.sleep(0.5)
+    assert children and not alive(children), "Ray processes outlived the run"
 
 
 def test_a_second_ctrl_c_stops_at_once(tmp_path):

@@ -132,7 +132,9 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     precision = _precision(config, run_dir)
-    service, runner = _backend(config, source, precision)
+    with stop.abandonable():  # starting Ray and its actors: nothing to keep yet
+        service, runner = _backend(config, source, precision)
+    stop.reclaim_signals()  # ray.init takes SIGTERM for itself
     start_step, rng = 0, random.Random(config.seed)
     resumed = last_checkpoint(run_dir) if config.resume else None
     if config.resume and resumed is None:

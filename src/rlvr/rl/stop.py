@@ -35,6 +35,7 @@ class StopRequest:
         self.signum: int | None = None
         """The signal that asked for the stop (None: none yet)."""
         self._abandonable = 0
+        self._handler: Callable[[int, object], None] | None = None  # while ``on_signals`` holds the signals
 
     @property
     def requested(self) -> bool:
@@ -85,10 +86,20 @@ class StopRequest:
             self.request(signum)
 
         previous = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+        self._handler = handler
         try:
             yield self
         finally:
+            self._handler = None
             _restore(previous)
+
+    def reclaim_signals(self) -> None:
+        """Take SIGTERM and SIGINT back after a library took them (``ray.init`` installs handlers of its own that
+        end the process at once); nothing outside ``on_signals`` or after the first signal."""
+        if self._handler is not None and self.signum is None and \
+                threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                signal.signal(sig, self._handler)
 
 
 def _restore(handlers: dict[signal.Signals, object]) -> None:
