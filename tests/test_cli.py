@@ -1,11 +1,17 @@
 """The rlvr command end to end on the tiny model: train (config file + overrides), resume, eval, plot, runs, sft."""
 
+import errno
 import json
+import pathlib
+import shutil
 
 import yaml
 from typer.testing import CliRunner
 
 from rlvr.cli import app
+from rlvr.errors import CheckpointError
+from rlvr.fileio import read_jsonl
+from rlvr.rl.checkpoints import last_checkpoint
 
 runner = CliRunner()
 
@@ -54,6 +60,7 @@ def test_train_resume_eval_plot_runs(tmp_path):
 
     out = invoke("runs", str(tmp_path / "runs"))
     assert "first" in out and "finished" in out and "3/3" in out
+    assert "disk" in out and " kB " in out  # tiny's checkpoints (the last two and the final one) and the run files
 
 
 def test_resume_of_a_finished_run_says_nothing_remains(tmp_path):
@@ -83,8 +90,8 @@ def test_sft_rejects_bad_records(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"prompt": "x", "answer": "y"}) + "\n")
     result = runner.invoke(app, ["sft", f"data={pairs}", "base_model=tiny"])
-    assert result.exit_code != 0
-    assert "record 0 needs string fields 'prompt' and 'completion'" in str(result.exception or result.output)
+    assert result.exit_code == 2  # one line naming the record, no traceback
+    assert "record 0 needs string fields 'prompt' and 'completion'" in result.output
 
 
 def test_reasoning_gym_from_the_command_line(tmp_path):
@@ -105,3 +112,81 @@ def test_reasoning_gym_from_the_command_line(tmp_path):
     assert "pass@1" in out and "reward_failures      0" in out
     records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert [r["problem_id"] for r in records] == [f"reasoning-gym/gcd/test/{i}" for i in range(3)]
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error:")]
+
+
+def test_a_full_disk_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
+    """The second checkpoint's write fails with ENOSPC half-way (its adapter written, its optimizer state not): one
+    line naming the checkpoint, its folder, the cause and the fix; the run marked failed; the first checkpoint and
+    the run files intact, no half-written folder; once there is room, the run resumes."""
+    run = tmp_path / "run"
+    real_write, writes = pathlib.Path.write_bytes, []
+
+    def full_disk(self, data):
+        if self.name == "optimizer.pt":
+            writes.append(self)
+            if len(writes) == 2:
+                real_write(self, data[: len(data) // 2])  # the disk fills mid-file
+                raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", full_disk)
+    result = runner.invoke(app, ["train", *[f"{k}={json.dumps(v)}" for k, v in SMALL.items()], f"out={run}"])
+    monkeypatch.undo()
+    assert result.exit_code == 1, result.output
+    errors = error_lines(result.output)
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    folder = run / "checkpoints" / "weights" / "step-000002"
+    assert errors[0].startswith("error: could not write checkpoint rlvr://") and "/weights/step-000002 to " in errors[0]
+    assert str(folder.name) in errors[0] and "No space left on device (ENOSPC)" in errors[0]
+    assert "free space on it, or give the run a folder on another disk (out=...;" in errors[0]
+
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and "No space left on device" in status["error"]
+    assert last_checkpoint(run)["step"] == 1 and not folder.exists()
+    assert [p.name for p in folder.parent.iterdir()] == ["step-000001"]  # nothing half-written beside it
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1]  # every row parses
+    import rlvr
+
+    rlvr.ServiceClient().create_training_client_from_state_with_optimizer(last_checkpoint(run)["state_path"])
+    invoke("resume", str(run))
+    assert json.loads((run / "status.json").read_text())["status"] == "finished"
+    assert last_checkpoint(run)["step"] == 2
+
+
+def test_a_damaged_or_missing_checkpoint_is_one_line_naming_it_and_debug_shows_the_traceback(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    invoke("train", *[f"{k}={json.dumps(v)}" for k, v in {**SMALL, "steps": 1}.items()], f"out={run}")
+    state = run / "checkpoints" / "weights" / "step-000001"
+    optimizer = state / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])  # cut short after it was written
+    result = runner.invoke(app, ["resume", str(run), "steps=2"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    [error] = error_lines(result.output)
+    assert error.startswith("error: checkpoint rlvr://") and f"is damaged: {optimizer} cannot be read (" in error
+    assert error.endswith("restore it, or resume from an earlier checkpoint")
+    assert json.loads((run / "status.json").read_text())["status"] == "failed"
+
+    monkeypatch.setenv("RLVR_DEBUG", "1")
+    result = runner.invoke(app, ["resume", str(run), "steps=2"])
+    assert isinstance(result.exception, CheckpointError)  # raised whole, for its traceback
+    monkeypatch.delenv("RLVR_DEBUG")
+
+    shutil.rmtree(state)
+    result = runner.invoke(app, ["resume", str(run), "steps=2"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    [error] = error_lines(result.output)
+    assert error.startswith("error: no checkpoint at 'rlvr://") and f"(looked in {state})" in error
+
+
+def test_nothing_a_person_may_copy_is_wrapped_off_a_terminal(tmp_path):
+    run = tmp_path / ("a-run-folder-whose-name-is-long-enough-to-pass-eighty-columns-by-itself-" * 2) / "run"
+    out = invoke("train", *[f"{k}={json.dumps(v)}" for k, v in {**SMALL, "steps": 1}.items()], f"out={run}")
+    lines = out.splitlines()
+    assert any(line.startswith("rlvr train recipe=arithmetic") and line.endswith(f"-> {run}") for line in lines)
+    assert any(line.startswith(f"run folder: {run}   curves: {run}/curves.png") for line in lines), out
+    evaluations = [line for line in lines if line.startswith("evaluating the baseline: answered 4/4")]
+    assert evaluations, out  # the evaluations show their progress, as rlvr eval does

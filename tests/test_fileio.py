@@ -1,12 +1,14 @@
-"""rlvr.fileio: JSON Lines that any character a model writes survives, torn lines repaired, atomic files and folders."""
+"""rlvr.fileio: JSON Lines that any character a model writes survives, torn lines repaired, atomic files and folders,
+disk errors told in one line."""
 
+import errno
 import json
 import os
 
 import pytest
 
-from rlvr.errors import RunFileError
-from rlvr.fileio import append_jsonl, atomic_file, atomic_folder, jsonl_line, read_jsonl, write_atomic
+from rlvr.errors import RunFileError, StorageError
+from rlvr.fileio import append_jsonl, atomic_file, atomic_folder, jsonl_line, read_jsonl, remove_folder, write_atomic
 
 # Every character str.splitlines() splits on besides "\n", the carriage return, a lone surrogate (text decoded with
 # surrogateescape), a replacement character (a broken UTF-8 tail decoded with errors="replace") and a NUL.
@@ -116,3 +118,35 @@ def test_atomic_folder_keeps_a_folder_another_process_renamed_in_after_the_check
         (folder / "w.txt").write_text("ours")
     assert (target / "w.txt").read_text() == "theirs"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+
+
+@pytest.mark.parametrize(("code", "fix"), [
+    (errno.ENOSPC, "the disk is full: free space on it, or give the run a folder on another disk (out=..."),
+    (errno.EACCES, "permission denied: make the folder writable by this user, or choose another one (out=...)"),
+    (errno.EROFS, "the filesystem is read-only: choose a writable folder (out=..."),
+])
+def test_a_disk_error_is_one_storage_error_naming_the_path_and_the_fix_and_leaves_the_old_file(tmp_path, code, fix):
+    path = tmp_path / "status.json"
+    write_atomic(path, "old")
+    with pytest.raises(StorageError) as raised, atomic_file(path) as temp:
+        temp.write_text("half")
+        raise OSError(code, os.strerror(code), str(temp))  # as the write would
+    message = str(raised.value)
+    assert message.startswith(f"could not write {path}: {os.strerror(code)} ({errno.errorcode[code]}); {fix}")
+    assert "\n" not in message and raised.value.errno == code and isinstance(raised.value, OSError)
+    assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["status.json"]
+
+
+def test_other_errors_pass_through_unchanged(tmp_path):
+    with pytest.raises(FileNotFoundError), atomic_folder(tmp_path / "ckpt"):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", "x")
+    with pytest.raises(ValueError), atomic_file(tmp_path / "f"):
+        raise ValueError("not a disk error")
+
+
+def test_remove_folder_leaves_no_half_of_it(tmp_path):
+    folder = tmp_path / "step-000001"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "optimizer.pt").write_bytes(b"x")
+    remove_folder(folder)
+    assert list(tmp_path.iterdir()) == []

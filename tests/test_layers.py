@@ -55,6 +55,9 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
     *((f"rlvr.engine.{room}", ("rlvr.engine.engine", "rlvr.engine.sample_queue"),
        "the engine's rooms: models/, train/, sample/, cpu/ and gpu/ sit below the worker; arrows point down only")
       for room in ("models", "train", "sample", "cpu", "gpu")),
+    ("rlvr.home", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
+     "packages: rl/ must not 'import torch': rlvr.home is where rl/ and engine/ find checkpoints (a run prunes and "
+     "measures its own), so it stays torch-free"),
     (ALL_BUT_RAY_HOMES, ("ray", "vllm"),
      "packages: distributed/ holds 'Ray actors ... vLLM sampler backend' and must not 'be required on a laptop'"),
 ]

@@ -1,13 +1,83 @@
-"""The ``rlvr`` command: argument handling only; the work lives in the library."""
+"""The ``rlvr`` command: argument handling only; the work lives in the library.
+
+Errors a person can act on (a setting, a full disk, a denied permission, a missing or damaged checkpoint) are one
+line naming the path, what failed and the fix (``rlvr --debug`` or ``RLVR_DEBUG=1``: the full traceback); a run
+stopped by SIGTERM or Ctrl-C exits with 128 + the signal.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import atexit
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 app = typer.Typer(help="rlvr: reinforcement learning with verifiable rewards, Tinker API, CPU first.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
+
+F = TypeVar("F", bound=Callable[..., Any])
+_EXIT_AT_ONCE = False
+"""Set by :func:`main` (the installed ``rlvr``): a stopped run's process exits without waiting for the model work
+still queued (an abandoned evaluation); in-process callers (tests) get ``typer.Exit`` instead."""
+
+
+def main() -> None:
+    """The ``rlvr`` executable."""
+    global _EXIT_AT_ONCE
+    _EXIT_AT_ONCE = True
+    app()
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error (also: "
+                                                                "RLVR_DEBUG=1).")) -> None:
+    if debug:
+        os.environ["RLVR_DEBUG"] = "1"
+
+
+def _debug() -> bool:
+    return os.environ.get("RLVR_DEBUG", "") not in ("", "0")
+
+
+def _errors_told(command: F) -> F:
+    """Run ``command`` so that an error a person can act on is one line (exit 1), a stop exits with 128 + its
+    signal, and anything else (a bug) keeps its traceback."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from rlvr.errors import ConfigurationError, RlvrError, RunInterrupted, StorageError
+
+        try:
+            return command(*args, **kwargs)
+        except RunInterrupted as exc:
+            _stop(exc.exit_code)
+        except ConfigurationError as exc:
+            raise _fail(exc) from None
+        except (RlvrError, OSError) as exc:
+            if _debug() or not (isinstance(exc, RlvrError) or StorageError.stands_for(exc)):
+                raise
+            told = exc if isinstance(exc, RlvrError) else StorageError.of(exc, "use", exc.filename)
+            typer.secho(f"error: {told}", err=True, fg=typer.colors.RED)
+            raise typer.Exit(1) from None
+
+    return run  # type: ignore[return-value]
+
+
+def _stop(code: int) -> None:
+    """End a stopped run's process with ``code``: at once from the installed command. The run's files, reward
+    workers and Ray actors were closed as the stop unwound; the exit handlers (a local Ray instance's shutdown) run
+    now, but the engine's threads are not waited for (the model work still queued, an abandoned evaluation's, is
+    dropped)."""
+    if _EXIT_AT_ONCE:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise typer.Exit(code)
 
 
 OVERRIDES_HELP = "Settings as key=value (dotted keys for nested ones: task.levels=[1,2], distributed.backend=ray)."
@@ -41,6 +111,7 @@ def _config(recipe: str | None, config: str | None, data: str | None, overrides:
 
 
 @app.command(epilog=_options_epilog())
+@_errors_told
 def train(
     overrides: Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)] = None,
     recipe: str = typer.Option(None, help="arithmetic (default), rpn, gsm8k, math, mbpp, humaneval, textarena or "
@@ -48,36 +119,33 @@ def train(
     config: str = typer.Option(None, "--config", "-c", help="YAML config file (overrides apply on top)."),
     data: str = typer.Option(None, help="Local problem file for the recipe (JSONL/JSON/Parquet)."),
 ) -> None:
-    """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table."""
-    from rlvr.errors import ConfigurationError
+    """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table.
+    SIGTERM or Ctrl-C checkpoint the step in flight and print the command that resumes the run."""
     from rlvr.rl.run import build_source
     from rlvr.rl.run import train as run
 
     resolved = _config(recipe, config, data, overrides)
-    try:
-        build_source(resolved)  # data files, task keys and the reward, checked before the model loads
-    except ConfigurationError as exc:
-        raise _fail(exc) from None
+    build_source(resolved)  # data files, task keys and the reward, checked before the model loads
     run(resolved)
 
 
 @app.command()
+@_errors_told
 def resume(
     run_dir: str = typer.Argument(..., help="The run folder to continue."),
     overrides: Annotated[list[str] | None, typer.Argument(help="Changes, e.g. steps=40 to train further.",
                                                           show_default=False)] = None,
 ) -> None:
-    """Continue a run from its last checkpoint."""
-    from rlvr.errors import ConfigurationError
+    """Continue a run (of rlvr train or rlvr sft) from its last checkpoint."""
     from rlvr.rl.run import resume as run
 
-    try:
-        run(run_dir, overrides)
-    except ConfigurationError as exc:
-        raise _fail(exc) from None
+    result = run(run_dir, overrides)
+    if isinstance(result, str):  # an sft run: its final state
+        typer.echo(f"saved: {result}\nnext: rlvr train start_from_checkpoint={result}")
 
 
 @app.command()
+@_errors_told
 def sft(
     overrides: Annotated[list[str] | None, typer.Argument(
         help="data=pairs.jsonl base_model=... steps=... batch_size=... learning_rate=... rank=... out=...",
@@ -85,26 +153,18 @@ def sft(
     config: str = typer.Option(None, "--config", "-c", help="YAML config file."),
 ) -> None:
     """Supervised fine-tuning (cross_entropy) on a JSONL of prompt/completion pairs; prints the state path."""
-    from rich.console import Console
-
-    from rlvr.errors import ConfigurationError
     from rlvr.rl.config import build_config, merge_layers, parse_overrides, read_config_file
-    from rlvr.rl.progress import StepProgress
+    from rlvr.rl.progress import make_console
     from rlvr.rl.sft import SftConfig
     from rlvr.rl.sft import sft as run
 
-    try:
-        values = merge_layers(read_config_file(config) if config else {}, parse_overrides(overrides or []))
-        resolved = build_config(values, SftConfig)
-    except ConfigurationError as exc:
-        raise _fail(exc) from None
-    with StepProgress(Console(), "step", resolved.steps) as shown:
-        path = run(resolved, progress=lambda step, m: shown.update(step + 1,
-                                                                  f"loss/token {m['train/loss_per_token']:.4f}"))
+    values = merge_layers(read_config_file(config) if config else {}, parse_overrides(overrides or []))
+    path = run(build_config(values, SftConfig), console=make_console())
     typer.echo(f"saved: {path}\nnext: rlvr train start_from_checkpoint={path}")
 
 
 @app.command("eval")
+@_errors_told
 def eval_(
     overrides: Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)] = None,
     checkpoint: str = typer.Option(None, help="A state path or a run folder (its last checkpoint); none: the base "
@@ -121,56 +181,51 @@ def eval_(
     """Evaluate a model or checkpoint on a task's held-out problems: pass@k, mean reward, per-problem JSONL."""
     from pathlib import Path
 
-    from rich.console import Console
-
-    from rlvr.errors import ConfigurationError
     from rlvr.rl.config import read_config_file
     from rlvr.rl.evaluation import evaluate
+    from rlvr.rl.progress import make_console
 
     run_config = Path(checkpoint or "", "config.yaml")
     if checkpoint and run_config.is_file() and recipe is None and config is None:
         from rlvr.rl.config import resolve_config
 
-        try:
-            resolved = resolve_config(base=read_config_file(run_config), overrides=overrides)
-        except ConfigurationError as exc:
-            raise _fail(exc) from None
+        resolved = resolve_config(base=read_config_file(run_config), overrides=overrides)
     else:
         resolved = _config(recipe, config, data, overrides)
     ks = sorted(set(k or [1, samples]))
     default_out = Path(checkpoint) / "eval.jsonl" if checkpoint and Path(checkpoint).is_dir() else Path("eval.jsonl")
-    try:
-        result = evaluate(resolved, checkpoint, num_samples=samples, k=ks, problems=problems,
-                          out=out or default_out, console=Console(stderr=True))
-    except ConfigurationError as exc:
-        raise _fail(exc) from None
+    result = evaluate(resolved, checkpoint, num_samples=samples, k=ks, problems=problems,
+                      out=out or default_out, console=make_console(stderr=True))
     for key, value in result.items():
         typer.echo(f"{key:20s} {value:.4f}" if isinstance(value, float) else f"{key:20s} {value}")
 
 
 @app.command()
+@_errors_told
 def runs(root: str = typer.Argument("runs", help="Folder holding run folders.")) -> None:
-    """List runs with their status, steps, best reward and held-out accuracy."""
+    """List runs with their status, steps, best reward, held-out accuracy and disk use (checkpoints included)."""
     from pathlib import Path
 
-    from rich.console import Console
     from rich.table import Table
 
-    from rlvr.rl.runs import list_runs
+    from rlvr.rl.progress import make_console
+    from rlvr.rl.runs import format_bytes, list_runs
 
     table = Table(title=f"runs in {root}")
-    for column in ("run", "status", "steps", "best reward", "baseline acc", "after acc"):
-        table.add_column(column)
+    for column in ("run", "status", "steps", "best reward", "baseline acc", "after acc", "disk"):
+        table.add_column(column, justify="right" if column == "disk" else "left")
     for run in list_runs(root):
         def fmt(value: float | None) -> str:
             return "-" if value is None else f"{value:.3f}"
         steps = f"{run.steps_done}/{run.steps if run.steps is not None else '?'}"
         table.add_row(Path(run.path).name, run.status, steps,
-                      fmt(run.best_reward), fmt(run.baseline_accuracy), fmt(run.after_accuracy))
-    Console().print(table)
+                      fmt(run.best_reward), fmt(run.baseline_accuracy), fmt(run.after_accuracy),
+                      format_bytes(run.disk_bytes))
+    make_console().print(table)
 
 
 @app.command()
+@_errors_told
 def plot(run_dir: str = typer.Argument(..., help="A run folder holding metrics.jsonl.")) -> None:
     """Draw a run's reward and accuracy curves to RUN_DIR/curves.png."""
     from rlvr.rl.plot import plot_run
@@ -179,9 +234,11 @@ def plot(run_dir: str = typer.Argument(..., help="A run folder holding metrics.j
 
 
 @app.command()
+@_errors_told
 def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedded model now.")) -> None:
     """List the built-in base models (and fetch the embedded one with --fetch)."""
-    from rlvr.engine.models.load import SMOLLM2, ensure_smollm2, rlvr_home
+    from rlvr.engine.models.load import SMOLLM2, ensure_smollm2
+    from rlvr.home import rlvr_home
 
     cached = (rlvr_home() / "models" / SMOLLM2 / "config.json").exists()
     typer.echo("tiny            ~330k-parameter random Llama with a byte tokenizer (built in code; tests, rpn)")
@@ -194,17 +251,19 @@ def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedde
 
 
 @app.command()
+@_errors_told
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you mean otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
     keys_file: str = typer.Option(None, help="File with one API key per line (else $RLVR_API_KEY)."),
 ) -> None:
-    """Serve the Tinker wire protocol: point the tinker SDK at it with TINKER_BASE_URL=http://HOST:PORT."""
+    """Serve the Tinker wire protocol: point the tinker SDK at it with TINKER_BASE_URL=http://HOST:PORT. SIGTERM
+    or Ctrl-C stop taking requests, let the ones in flight finish and exit (a second Ctrl-C: at once)."""
     try:
         from rlvr.server import serve as run
     except ImportError as exc:
         raise typer.BadParameter(f"rlvr serve needs the server extra: pip install 'rlvr[server]' ({exc})") from exc
-    run(host=host, port=port, keys_file=keys_file)
+    run(host=host, port=port, keys_file=keys_file)  # SIGTERM, Ctrl-C: RunInterrupted once shut down
 
 
 sandbox_app = typer.Typer(help="The code sandbox for code rewards.", no_args_is_help=True)
@@ -217,3 +276,7 @@ def doctor(json: bool = typer.Option(False, "--json", help="Print the report as 
     from rlvr.sandbox.__main__ import main
 
     raise typer.Exit(main(["doctor", *(["--json"] if json else [])]))
+
+
+if __name__ == "__main__":
+    main()

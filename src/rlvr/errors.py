@@ -12,15 +12,25 @@ subclasses the standard-library error it stands for, so ``except ValueError`` ke
     │   └── CheckpointNotFoundError (FileNotFoundError)
     ├── RunFileError (ValueError)           a run file rlvr wrote (metrics, rollouts, checkpoints.jsonl) that no
     │                                       longer parses
+    ├── StorageError (OSError)              a file or folder that could not be written or read: disk full,
+    │                                       permission denied, read-only filesystem (``errno`` kept)
     ├── SamplingError (RuntimeError)        a sampler that cannot serve a request (stale weights, bad prompt)
     ├── RewardError (RuntimeError)          a reward could not score a response (raised, non-finite, no sandbox)
     │   └── RewardTimeoutError (TimeoutError)
     ├── UnknownRewardError (ConfigurationError, KeyError)   a reward name that is not registered
     ├── SandboxError (RuntimeError)         the code sandbox could not run a job (not: the job failed its tests)
     └── WorkerLostError (RuntimeError)      a Ray actor died and its work could not be completed
+
+    KeyboardInterrupt
+    └── RunInterrupted                      a run stopped by SIGTERM or Ctrl-C (a BaseException, as Ctrl-C is, so
+                                            no ``except Exception`` swallows it)
 """
 
 from __future__ import annotations
+
+import errno
+import signal
+from pathlib import Path
 
 
 class RlvrError(Exception):
@@ -89,3 +99,61 @@ class UnknownRewardError(ConfigurationError, KeyError):
 class WorkerLostError(RlvrError, RuntimeError):
     """A distributed worker (a Ray actor) died and its work could not be completed: its restarts were used up, or
     it was the trainer, whose unsaved state no restart brings back (resume from the last checkpoint)."""
+
+
+_STORAGE_FIXES = {
+    errno.ENOSPC: "the disk is full: free space on it, or give the run a folder on another disk (out=...; "
+                  "RLVR_HOME=... for models and checkpoints saved outside runs)",
+    errno.EDQUOT: "the disk quota is used up: free space in it, or give the run a folder elsewhere (out=...)",
+    errno.EACCES: "permission denied: make the folder writable by this user, or choose another one (out=...)",
+    errno.EPERM: "permission denied: make the folder writable by this user, or choose another one (out=...)",
+    errno.EROFS: "the filesystem is read-only: choose a writable folder (out=...; RLVR_HOME=... for models and "
+                 "checkpoints saved outside runs)",
+    errno.EIO: "the disk reported an I/O error: check it (dmesg), or write to another one (out=...)",
+    errno.EFBIG: "the file is larger than this filesystem allows: write to another one (out=...)",
+}
+STORAGE_ERRNOS = frozenset(_STORAGE_FIXES)
+"""The errors of the disk rather than of the program: what :class:`StorageError` stands for."""
+
+
+class StorageError(RlvrError, OSError):
+    """A file or folder rlvr writes or reads could not be: the disk is full, permission is denied, the filesystem is
+    read-only. One line names the path, what failed and the fix; ``errno`` and ``filename`` are the original's.
+
+        raise StorageError.of(exc, "write checkpoint", folder) from exc
+    """
+
+    def __init__(self, code: int | None, message: str, filename: str | None = None) -> None:
+        super().__init__(code, message, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def of(cls, exc: OSError, action: str, path: str | Path | None = None) -> StorageError:
+        """The StorageError for ``exc`` raised while doing ``action`` (e.g. ``"write checkpoint"``) on ``path``."""
+        where = path if path is not None else exc.filename
+        reason = exc.strerror or str(exc)
+        code = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+        fix = _STORAGE_FIXES.get(exc.errno, "see the message above")
+        return cls(exc.errno, f"could not {action} {where}: {reason}{f' ({code})' if code else ''}; {fix}",
+                   str(where) if where is not None else None)
+
+    @staticmethod
+    def stands_for(exc: BaseException) -> bool:
+        """Whether ``exc`` is an OSError of the disk (full, read-only, permission) that a StorageError describes."""
+        return isinstance(exc, OSError) and not isinstance(exc, StorageError) and exc.errno in STORAGE_ERRNOS
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by a signal (SIGTERM, Ctrl-C): ``signum`` the signal, ``step`` the step its last checkpoint
+    reached (None: not known here), ``exit_code`` 128 + the signal, as shells report a process a signal ended."""
+
+    def __init__(self, signum: int, step: int | None = None, message: str = "") -> None:
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+        self.signum, self.step = signum, step
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

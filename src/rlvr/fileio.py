@@ -6,6 +6,9 @@
 - :func:`atomic_folder` does the same for a folder: the caller fills a temporary folder, which replaces the target
   when the block ends without an error (an existing target is moved aside first, so one whole version exists at
   every moment) and is removed when it raises.
+- :func:`remove_folder` deletes a folder the same way round: renamed aside first, so no reader sees half of it.
+- A full disk, a denied permission or a read-only filesystem is a ``StorageError`` naming the path and the fix
+  (:func:`storage_errors`), never a half-written file.
 - :func:`append_jsonl` and :func:`read_jsonl` are JSON Lines as rlvr writes them (metrics, rollouts, checkpoints,
   evaluation records): records are split on ``"\\n"`` alone. ``str.splitlines`` would also split on U+2028, U+2029,
   U+0085, ``\\x0b``, ``\\x0c`` and ``\\x1c``-``\\x1e``, which ``json.dumps(..., ensure_ascii=False)`` writes raw and
@@ -31,9 +34,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from rlvr.errors import RunFileError
+from rlvr.errors import RunFileError, StorageError
 
-__all__ = ["append_jsonl", "atomic_file", "atomic_folder", "jsonl_line", "open_jsonl", "read_jsonl", "write_atomic"]
+__all__ = ["append_jsonl", "atomic_file", "atomic_folder", "jsonl_line", "open_jsonl", "read_jsonl", "remove_folder",
+           "storage_errors", "write_atomic"]
 
 
 def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o644, errors: str = "strict") -> Path:
@@ -47,51 +51,81 @@ def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o644, errors:
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
     """Yield the path of an empty temporary file beside ``path`` to fill; when the block ends without an error it
-    is synced, given ``mode`` and renamed over ``path``, and when it raises it is removed."""
+    is synced, given ``mode`` and renamed over ``path``, and when it raises it is removed. A full disk, a denied
+    permission or a read-only filesystem is a StorageError naming ``path`` and the fix."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    temp = Path(name)
-    try:
-        yield temp
-        with open(temp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode)  # mkstemp makes 0600; run files are for reading
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    with storage_errors("write", _named(path)):
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        temp = Path(name)
+        try:
+            yield temp
+            with open(temp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.chmod(temp, mode)  # mkstemp makes 0600; run files are for reading
+            os.replace(temp, path)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
 
 
 @contextlib.contextmanager
-def atomic_folder(path: str | Path, exist_ok: bool = True) -> Iterator[Path]:
+def atomic_folder(path: str | Path, exist_ok: bool = True, action: str = "write") -> Iterator[Path]:
     """Yield a temporary folder beside ``path`` to fill; on success it becomes ``path``.
 
     An existing ``path`` is replaced (moved aside, then deleted) when ``exist_ok``; otherwise a folder that appeared
-    meanwhile (another process wrote the same thing first) is kept and the new one discarded.
+    meanwhile (another process wrote the same thing first) is kept and the new one discarded. A full disk, a denied
+    permission or a read-only filesystem, in the block too, is a StorageError: "could not ``action`` ``path``: ...".
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
-    try:
-        yield temp
-        for file in temp.rglob("*"):
-            if file.is_file():
-                with open(file, "rb") as handle:
-                    os.fsync(handle.fileno())
-        if path.exists() and exist_ok:
-            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(path, old)
-            os.replace(temp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        elif not path.exists():
-            try:
+    with storage_errors(action, _named(path)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+        try:
+            yield temp
+            for file in temp.rglob("*"):
+                if file.is_file():
+                    with open(file, "rb") as handle:
+                        os.fsync(handle.fileno())
+            if path.exists() and exist_ok:
+                old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+                os.replace(path, old)
                 os.replace(temp, path)
-            except OSError:
-                if not path.exists():
-                    raise  # a real failure, not a folder that appeared since the check
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)  # gone already when it was renamed
+                shutil.rmtree(old, ignore_errors=True)
+            elif not path.exists():
+                try:
+                    os.replace(temp, path)
+                except OSError:
+                    if not path.exists():
+                        raise  # a real failure, not a folder that appeared since the check
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)  # gone already when it was renamed
+
+
+def remove_folder(path: str | Path) -> None:
+    """Delete ``path`` (a folder) so that no reader sees half of it: it is renamed aside first, then removed."""
+    path = Path(path)
+    with storage_errors("delete", path):
+        aside = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(path, aside)
+        shutil.rmtree(aside)
+
+
+def _named(path: Path) -> Path:
+    """``path`` as an error names it: through the links on its way (a run's checkpoints are reached through one)."""
+    return path.resolve() if any(p.is_symlink() for p in path.parents if p != p.parent) else path
+
+
+@contextlib.contextmanager
+def storage_errors(action: str, path: str | Path) -> Iterator[None]:
+    """Turn an OSError of the disk (full, read-only, permission denied) raised in the block into a StorageError:
+    "could not ``action`` ``path``: <reason>; <fix>". Other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if StorageError.stands_for(exc):
+            raise StorageError.of(exc, action, path) from exc
+        raise
 
 
 def jsonl_line(record: Any) -> bytes:
@@ -113,8 +147,9 @@ def open_jsonl(path: str | Path) -> BinaryIO:
 def append_jsonl(path: str | Path, record: Any, durable: bool = False) -> None:
     """Append ``record`` as one line of ``path`` (created if missing), first cutting off a torn last line.
 
-    ``durable`` syncs the file before returning (for records a resume depends on)."""
-    with open_jsonl(path) as handle:
+    ``durable`` syncs the file before returning (for records a resume depends on). A full disk leaves at worst a torn
+    last line (which readers skip and the next append cuts off) and is a StorageError."""
+    with storage_errors("append to", path), open_jsonl(path) as handle:
         handle.write(jsonl_line(record))
         handle.flush()
         if durable:

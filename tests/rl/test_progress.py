@@ -1,5 +1,7 @@
 """rl/progress.py: off a terminal, a step phase prints its start, a line at least ``every_s`` apart and its last step,
-with seconds per step and ETA from the steps this process ran; on a terminal it draws a bar and prints no lines."""
+with seconds per step and ETA from the steps this process ran (the first step's one-off work left out, or said);
+evaluations show the problems answered; on a terminal it draws bars and prints no lines; off a terminal nothing is
+wrapped."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import io
 
 from rich.console import Console
 
-from rlvr.rl.progress import StepProgress, phase
+from rlvr.rl.progress import StepProgress, make_console
 
 
 class Clock:
@@ -57,22 +59,62 @@ def test_on_a_terminal_a_bar_and_no_step_lines():
     assert "step 3/3" in out.getvalue() and "s/step" not in out.getvalue()
 
 
-def test_phase_off_a_terminal_says_when_it_starts_and_how_long_it_took():
+def test_the_first_step_alone_gives_no_rate_and_says_it_holds_the_set_up():
     console, out = _console(terminal=False)
     clock = Clock()
-    with phase(console, "evaluating the base model on 300 held-out problems", clock=clock):
-        clock.now += 185
-    assert out.getvalue().splitlines() == ["evaluating the base model on 300 held-out problems ...",
-                                           "evaluating the base model on 300 held-out problems: done in 3:05"]
-
-
-def test_the_rate_leaves_out_an_evaluation_before_the_first_step():
-    console, out = _console(terminal=False)
-    clock = Clock()
-    with StepProgress(console, "step", 10, status="evaluating the baseline", clock=clock, every_s=0) as progress:
-        clock.now += 100.0  # a 90 s evaluation, then a 10 s step
+    with StepProgress(console, "step", 10, clock=clock, every_s=0) as progress:
+        clock.now += 100.0  # loading the model and the first step
         progress.update(1, "a")
         clock.now += 10.0
         progress.update(2, "b")
-    assert out.getvalue().splitlines()[1:] == ["step 1/10  a  100.0 s/step  elapsed 1:40  ETA 15:00",
+    assert out.getvalue().splitlines()[1:] == ["step 1/10  a  first step 100.0 s (with set-up; ETA from the next)  "
+                                               "elapsed 1:40",
                                                "step 2/10  b  10.0 s/step  elapsed 1:50  ETA 1:20"]
+
+
+def test_an_evaluation_inside_a_phase_shows_problems_answered_and_is_left_out_of_the_step_time():
+    console, out = _console(terminal=False)
+    clock = Clock()
+    with StepProgress(console, "step", 10, clock=clock, every_s=0) as progress:
+        with progress.evaluation("evaluating the baseline", 32) as answered:
+            clock.now += 40.0
+            answered(16)
+            clock.now += 40.0
+            answered(32)
+        clock.now += 12.0
+        progress.update(1, "a")
+    assert out.getvalue().splitlines() == [
+        "step 0/10  elapsed 0:00",
+        "evaluating the baseline: answered 0/32  elapsed 0:00",
+        "evaluating the baseline: answered 16/32  2.5 s/problem  elapsed 0:40  ETA 0:40",  # a batch of answers
+        "evaluating the baseline: answered 32/32  2.5 s/problem  elapsed 1:20  ETA 0:00",
+        "step 1/10  a  first step 12.0 s (with set-up; ETA from the next)  elapsed 1:32",
+    ]
+
+
+def test_on_a_terminal_the_eta_survives_steps_longer_than_30_s_and_evaluations_get_a_bar():
+    console, _ = _console(terminal=True)
+    clock = Clock()
+    with StepProgress(console, "step", 10, clock=clock) as progress:
+        with progress.evaluation("evaluating the baseline", 4) as answered:
+            answered(4)
+            assert "evaluating the baseline: answered 4/4" in _rendered(progress)
+        for step in range(3):
+            clock.now += 40.0  # rich's default estimate forgets samples older than 30 s: no ETA at all
+            progress.update(step + 1, "r")
+        assert "0:04:40" in _rendered(progress)  # 7 steps left at 40 s, timed from the first step's end
+
+
+def _rendered(progress: StepProgress) -> str:
+    render = io.StringIO()
+    Console(file=render, width=200, force_terminal=False).print(progress._bar.get_renderable())
+    return render.getvalue()
+
+
+def test_off_a_terminal_the_run_console_wraps_no_line(capsys):
+    path = "runs/" + "a-rather-long-run-folder-name/" * 8 + "step-000010"
+    make_console().print(f"run folder: {path}   resume with: rlvr resume {path}")
+    assert capsys.readouterr().out == f"run folder: {path}   resume with: rlvr resume {path}\n"
+    plain = Console(file=io.StringIO())  # rich's own default off a terminal: 80 columns, wrapped
+    plain.print(f"run folder: {path}")
+    assert len(plain.file.getvalue().splitlines()) > 1

@@ -160,8 +160,10 @@ def test_python_api_with_warm_up(tmp_path):
     result = rlvr.train({**settings, "warmup": {"steps": 40, "batch_size": 8}, "out": str(run)},
                         console=Console(file=log, width=200))
     printed = log.getvalue().splitlines()
-    for start in ("evaluating the base model on 8 held-out problems ...", "warm-up step 0/40  ",
-                  "warm-up step 40/40  loss/token ", "step 0/1  evaluating the baseline", "step 1/1  reward "):
+    for start in ("evaluating the base model: answered 0/8  ", "evaluating the base model: answered 8/8  ",
+                  "warm-up step 0/40  ", "warm-up step 40/40  loss/token ", "step 0/1  ",
+                  "evaluating the baseline: answered 8/8  ", "step 1/1  reward ",
+                  "evaluating the trained model: answered 8/8  "):
         assert any(line.startswith(start) for line in printed), (start, printed)
     assert "ETA 0:00" in next(line for line in printed if line.startswith("warm-up step 40/40"))
     losses = [json.loads(line)["train/loss_per_token"] for line in (run / "warmup.jsonl").read_text().splitlines()]

@@ -1,78 +1,66 @@
-"""One checkpoint format: where checkpoints live, how they are written atomically, and how they are read.
+"""One checkpoint format: how checkpoints are written atomically and read back (where they live: ``rlvr.home``).
 
 Paths are ``rlvr://<run>/weights/<name>`` (training state: adapter, optimizer, RNG, metadata) and
 ``rlvr://<run>/sampler_weights/<name>`` (adapter only), ``tinker://`` accepted as an alias; both resolve to folders
-under ``$RLVR_HOME/checkpoints``. A plain folder path holding a checkpoint works too.
+under ``$RLVR_HOME/checkpoints`` (for a run of ``rlvr train``, a link into its run folder). A plain folder path
+holding a checkpoint works too.
 
-Each checkpoint is a folder written under a temporary name and renamed into place, so a crash mid-save leaves
-the previous checkpoint intact and never a half-written one:
+Each checkpoint is a folder written under a temporary name and renamed into place, so a crash or a full disk
+mid-save leaves the previous checkpoint intact and never a half-written one:
 
     adapter_model.safetensors   LoRA weights, keyed as peft saves them (loadable with PeftModel.from_pretrained)
     adapter_config.json         the peft LoraConfig
     rlvr.json                   base model, LoRA spec, step, parameter order, format version
     optimizer.pt                AdamW state (weights/ only)
     rng.pt                      torch RNG state (weights/ only)
+
+Every file is serialized in memory and written by Python, so a full disk, a denied permission or a read-only
+filesystem is one ``StorageError`` naming the checkpoint, its folder and the fix; a damaged file read back is a
+``CheckpointError`` naming it.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
-from rlvr.engine.models.load import rlvr_home
 from rlvr.errors import CheckpointError, CheckpointNotFoundError
-from rlvr.fileio import atomic_folder
+from rlvr.fileio import atomic_folder, storage_errors
+from rlvr.home import KINDS, SCHEMES, checkpoint_root, make_path, resolve
+
+__all__ = ["FORMAT_VERSION", "KINDS", "SCHEMES", "checkpoint_root", "make_path", "read_adapter", "read_meta",
+           "read_torch", "resolve", "write"]
 
 FORMAT_VERSION = 1
-SCHEMES = ("rlvr://", "tinker://")
-KINDS = ("weights", "sampler_weights")
-
-
-def checkpoint_root() -> Path:
-    return rlvr_home() / "checkpoints"
-
-
-def make_path(run_id: str, kind: str, name: str) -> str:
-    """The ``rlvr://`` path of checkpoint ``name`` of ``run_id``."""
-    assert kind in KINDS, kind
-    if not name or "/" in name or name.startswith("."):
-        raise CheckpointError(f"checkpoint name {name!r} must be non-empty, without '/', and not start with '.'")
-    return f"rlvr://{run_id}/{kind}/{name}"
-
-
-def resolve(path: str) -> Path:
-    """The folder a checkpoint path names (it need not exist yet)."""
-    if not isinstance(path, str) or not path:
-        raise CheckpointError(f"checkpoint path must be a non-empty string, got {path!r}")
-    for scheme in SCHEMES:
-        if path.startswith(scheme):
-            parts = path[len(scheme):].split("/")
-            if len(parts) != 3 or parts[1] not in KINDS or not all(parts):
-                raise CheckpointError(f"checkpoint path {path!r} must look like {scheme}<run>/weights/<name> or "
-                                      f"{scheme}<run>/sampler_weights/<name>")
-            return checkpoint_root().joinpath(*parts)
-    return Path(path).expanduser()
 
 
 def write(path: str, files: dict[str, object]) -> Path:
     """Write a checkpoint folder atomically. ``files`` maps file names to tensors dicts (.safetensors),
     JSON-able objects (.json) or torch-saveable objects (.pt)."""
     folder = resolve(path)
-    with atomic_folder(folder) as tmp:  # an existing checkpoint of that name is replaced whole
+    action = f"write checkpoint {path} to" if str(folder) != path else "write checkpoint"
+    with atomic_folder(folder, action=action) as tmp:  # an existing checkpoint of that name is replaced whole
         for filename, content in files.items():
-            target = tmp / filename
-            if filename.endswith(".safetensors"):
-                save_file(content, str(target))  # type: ignore[arg-type]
-            elif filename.endswith(".json"):
-                target.write_text(json.dumps(content, indent=2, sort_keys=True))
-            elif filename.endswith(".pt"):
-                torch.save(content, target)
-            else:
-                raise AssertionError(f"unknown checkpoint file type {filename}")
+            (tmp / filename).write_bytes(_serialize(filename, content))
     return folder
+
+
+def _serialize(filename: str, content: object) -> bytes:
+    if filename.endswith(".safetensors"):
+        return save(content)  # type: ignore[arg-type]
+    if filename.endswith(".json"):
+        return json.dumps(content, indent=2, sort_keys=True).encode()
+    if filename.endswith(".pt"):
+        buffer = io.BytesIO()
+        torch.save(content, buffer)
+        return buffer.getvalue()
+    raise AssertionError(f"unknown checkpoint file type {filename}")
 
 
 def read_meta(path: str) -> tuple[Path, dict]:
@@ -80,10 +68,14 @@ def read_meta(path: str) -> tuple[Path, dict]:
     folder = resolve(path)
     meta_file = folder / "rlvr.json"
     if not meta_file.exists():
-        hint = f" (looked in {folder})" if str(folder) != path else ""
+        hint = f" (looked in {folder.resolve()})" if str(folder) != path else ""
         raise CheckpointNotFoundError(f"no checkpoint at {path!r}{hint}; paths come from save_state / "
                                       "save_weights_for_sampler, e.g. rlvr://<run>/weights/<name>")
-    meta = json.loads(meta_file.read_text())
+    try:
+        with storage_errors("read", meta_file):
+            meta = json.loads(meta_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _damaged(path, meta_file, exc) from exc
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path!r} has format_version {meta.get('format_version')}, this rlvr "
                               f"reads {FORMAT_VERSION}")
@@ -91,7 +83,12 @@ def read_meta(path: str) -> tuple[Path, dict]:
 
 
 def read_adapter(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(folder / "adapter_model.safetensors"))
+    target = folder / "adapter_model.safetensors"
+    try:
+        with storage_errors("read", target):
+            return load_file(str(target))
+    except SafetensorError as exc:
+        raise _damaged(str(folder), target, exc) from exc
 
 
 def read_torch(folder: Path, filename: str, path: str) -> object:
@@ -99,4 +96,15 @@ def read_torch(folder: Path, filename: str, path: str) -> object:
     if not target.exists():
         raise CheckpointError(f"checkpoint {path!r} has no {filename}; it was saved with save_weights_for_sampler, "
                               "which keeps weights only. Resume from a save_state checkpoint (.../weights/...)")
-    return torch.load(target, weights_only=True, map_location="cpu")  # saved on a GPU, read anywhere
+    try:
+        with storage_errors("read", target):
+            return torch.load(target, weights_only=True, map_location="cpu")  # saved on a GPU, read anywhere
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:  # a truncated zip, a bad pickle
+        raise _damaged(path, target, exc) from exc
+
+
+def _damaged(path: str, file: Path, exc: BaseException) -> CheckpointError:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return CheckpointError(f"checkpoint {path} is damaged: {file.resolve()} cannot be read ({reason:.120}); rlvr "
+                           "writes checkpoints whole, so the file was changed afterwards (a disk fault, a copy cut "
+                           "short): restore it, or resume from an earlier checkpoint")

@@ -131,7 +131,11 @@ class LoopConfig:
     eval_problems: int = 32
     """Held-out problems per evaluation."""
     save_every: int = 0
-    """Checkpoint every this many steps (0 = only at the end)."""
+    """Checkpoint every this many steps (0 = only at the end). Checkpoints live in the run folder
+    (``checkpoints/``); SIGTERM or Ctrl-C also writes one, at the step reached."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept as the run goes: the last this many and the final one; older ones are deleted when a newer
+    one is written, never the newest, which a resume starts from (0 = keep all). TRL's ``save_total_limit``."""
     resume: bool = False
     """Continue from the last checkpoint in ``out``."""
     sampler_tolerance: float = 1e-3
@@ -153,6 +157,9 @@ class LoopConfig:
         for name in ("steps", "problems_per_step", "rank", "max_tokens", "max_turns", "eval_problems"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.keep_checkpoints < 0:
+            raise ConfigurationError(f"keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 keeps every "
+                                     "checkpoint; N keeps the last N and the final one)")
         if self.num_substeps < 1:
             raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
         if self.precision not in (None, *PRECISIONS):

@@ -75,6 +75,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         sampler = training_client.save_weights_and_get_sampling_client()
         tokenizer = training_client.get_tokenizer()
     from rlvr.rl.envs import RLDataset  # here, not at import: rlvr train checks a config without loading torch
+    from rlvr.rl.rollouts import future_done
 
     if isinstance(source, RLDataset):  # an env recipe: its held-out games, played greedily
         return _evaluate_envs(config, source, sampler, tokenizer, num_samples, problems)
@@ -88,7 +89,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
             as progress:
         for future in futures:  # in order; the engine answers them in batches, shown when a batch is in
             responses.append([tokenizer.decode(s.tokens, skip_special_tokens=True) for s in future.result().sequences])
-            if progress is not None and (len(responses) == len(futures) or not _done(futures[len(responses)])):
+            if progress is not None and (len(responses) == len(futures) or not future_done(futures[len(responses)])):
                 progress.update(len(responses), "")
     with RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
         scores = runner.score([RewardItem(p.question, r, p.reward_meta())
@@ -113,17 +114,6 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         write_atomic(out, b"".join(jsonl_line(r) for r in records))
         result["records"] = str(out)
     return result
-
-
-def _done(future: Any) -> bool:
-    """Whether a sampling future has its answer (or its error) already."""
-    try:
-        future.result(timeout=0)
-    except TimeoutError:
-        return False
-    except Exception:  # its error is raised where the loop takes its result
-        return True
-    return True
 
 
 def _evaluate_envs(config: Any, dataset: Any, sampler: Any, tokenizer: Any, num_samples: int,

@@ -34,11 +34,13 @@ from rlvr.rl.envs import RLDataset
 from rlvr.rl.phases import (
     LoopRun,
     Progress,
+    ShowEvaluation,
     StepWork,
     check_sampler_fresh,
     check_vllm_arithmetic,
     collect_part,
     finish_step,
+    held_out,
     open_run,
     refresh_sampler,
     sampling_params,
@@ -47,6 +49,7 @@ from rlvr.rl.phases import (
 )
 from rlvr.rl.plot import plot_run
 from rlvr.rl.rollouts import curriculum_problems
+from rlvr.rl.stop import StopRequest
 from rlvr.tasks.base import ProblemSource
 
 __all__ = ["DistributedConfig", "LoopConfig", "check_sampler_fresh", "curriculum_problems", "train",
@@ -55,18 +58,26 @@ __all__ = ["DistributedConfig", "LoopConfig", "check_sampler_fresh", "curriculum
 _check_vllm_arithmetic = check_vllm_arithmetic  # the name its tests and older scripts import
 
 
-def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Progress | None = None) -> dict[str, Any]:
+def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Progress | None = None, *,
+          stop: StopRequest | None = None, show_evaluation: ShowEvaluation | None = None) -> dict[str, Any]:
     """Run the loop on a problem source or an env dataset; returns the before/after held-out evaluations (absent
-    for an env dataset without ``test_groups``), the curves' path and the training client."""
+    for an env dataset without ``test_groups``), the curves' path and the training client.
+
+    ``progress`` is called after each step; ``show_evaluation`` shows the held-out evaluations as they go; ``stop``
+    (set by a signal, ``stop.py``) ends the run with a checkpoint where the step in flight ends, or at once in the
+    evaluations before and after, raising RunInterrupted."""
     mode = (train_off_policy if config.max_steps_off_policy else
             train_streamed if config.stream_minibatches else train_sync)
     results: dict[str, Any] = {}
-    with open_run(config, source, progress) as run:
-        if run.start_step == 0 and (before := run.rollouts.held_out(_sampler(run))):
-            results["before"] = before
+    with open_run(config, source, progress, stop, show_evaluation) as run:
+        if run.start_step == 0:
+            with run.stop.abandonable():
+                if before := held_out(run, "evaluating the baseline"):
+                    results["before"] = before
         mode(run)
-        if after := run.rollouts.held_out(_sampler(run)):
-            results["after"] = after
+        with run.stop.abandonable():
+            if after := held_out(run, "evaluating the trained model"):
+                results["after"] = after
     lines = {f"{when} accuracy": results[when]["test/correct"] for when in ("before", "after") if when in results}
     results["plot"] = run.auxiliary.run("curves", plot_run, run.run_dir, extra=lines)
     results["training_client"] = run.training_client
@@ -177,7 +188,3 @@ def _train_parts(run: LoopRun, work: StepWork, parts: list[Any]) -> None:
         if (i + 1) % per_optim == 0:
             send_optim(run, work)
 
-
-def _sampler(run: LoopRun) -> Any:
-    """A sampler with the current weights, for evaluation."""
-    return run.training_client.save_weights_and_get_sampling_client()

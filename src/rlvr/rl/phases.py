@@ -7,10 +7,12 @@ A mode (``train_sync``, ``train_streamed``, ``train_off_policy``) is a ``for ste
 3. :func:`collect_part` -- wait for a part, score it, centre each group's rewards and build datums;
 4. :func:`send_minibatch`, :func:`send_optim` -- ``forward_backward`` and ``optim_step``, sent without waiting (the
    engine runs them in order while the loop collects the next part);
-5. :func:`finish_step` -- wait for training, then log, evaluate, checkpoint.
+5. :func:`finish_step` -- wait for training, then log, evaluate, checkpoint (and stop, when a stop was asked for:
+   ``stop.py``).
 
-:func:`open_run` sets a run up (a fresh client, or the last checkpoint's state and loop RNG) and closes what it
-opened. Everything here drives the client API only (``rlvr.ServiceClient`` and its clients).
+:func:`open_run` sets a run up (a fresh client, or the last checkpoint's state and loop RNG; its checkpoints kept in
+the run folder) and closes what it opened; :func:`held_out` is the held-out evaluation, shown as it goes. Everything
+here drives the client API only (``rlvr.ServiceClient`` and its clients).
 
 Not here: the order of the phases (``loop.py``), where rollouts come from (``rollouts.py``), datums of one trajectory
 (``envs.trajectory_datums``), the losses (``engine/train/losses.py``).
@@ -24,29 +26,35 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import rlvr
 from rlvr import types
-from rlvr.errors import ConfigurationError, SamplingError
+from rlvr.errors import ConfigurationError, RunInterrupted, SamplingError
 from rlvr.metrics import reduce_metrics
 from rlvr.precision import base_precision
 from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.auxiliary import AuxiliaryOutputs
-from rlvr.rl.checkpoints import last_checkpoint, record_checkpoint
+from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, prune_checkpoints, record_checkpoint
 from rlvr.rl.config import LoopConfig, recorded_precision, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
 from rlvr.rl.rollout_log import RolloutLog
 from rlvr.rl.rollouts import EnvRollouts, ProblemRollouts, Rollout, Rollouts, check_env_dataset
+from rlvr.rl.stop import StopRequest
 from rlvr.rl.tracking import Trackers, open_trackers
 from rlvr.tasks.base import ProblemSource
 
 Progress = Callable[[int, dict[str, float]], None]
 """Called after each step with the step and its metrics."""
+
+ShowEvaluation = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
+"""Shows a held-out evaluation as it goes: ``(what, problems)`` opens the display, and the callable it yields is
+given the problems answered so far."""
 
 
 @dataclass
@@ -74,6 +82,9 @@ class LoopRun:
     probe: list[int]
     """Tokens the sampler's freshness is checked on."""
     progress: Progress | None = None
+    stop: StopRequest = field(default_factory=StopRequest)
+    """Asked for by a signal: the loop checkpoints where the step in flight ends and raises RunInterrupted."""
+    show_evaluation: ShowEvaluation | None = None
 
 
 @dataclass
@@ -111,36 +122,43 @@ class StepWork:
 
 
 @contextlib.contextmanager
-def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Progress | None = None
-             ) -> Iterator[LoopRun]:
-    """A fresh training client, or the last checkpoint's state and loop RNG when ``config.resume``; closes the
-    reward workers, trackers and env threads it opened when the block ends."""
+def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Progress | None = None,
+             stop: StopRequest | None = None, show_evaluation: ShowEvaluation | None = None) -> Iterator[LoopRun]:
+    """A fresh training client, or the last checkpoint's state and loop RNG when ``config.resume``, whose checkpoints
+    the run folder holds; closes the reward workers, trackers and env threads it opened when the block ends."""
+    stop = stop or StopRequest()
     if isinstance(source, RLDataset):
         check_env_dataset(config, source)  # before any work
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     precision = _precision(config, run_dir)
-    service, runner = _backend(config, source, precision)
+    with stop.abandonable():  # starting Ray and its actors: nothing to keep yet
+        service, runner = _backend(config, source, precision)
+    stop.reclaim_signals()  # ray.init takes SIGTERM for itself
     start_step, rng = 0, random.Random(config.seed)
     resumed = last_checkpoint(run_dir) if config.resume else None
     if config.resume and resumed is None:
         raise ConfigurationError(f"resume=True but {run_dir} has no checkpoints.jsonl entry to resume from")
-    if resumed is not None:
-        training_client = service.create_training_client_from_state_with_optimizer(resumed["state_path"])
-        start_step = resumed["step"]
-        rng.setstate(_rng_state(resumed["rng"]))
-        if start_step >= config.steps:
-            raise ConfigurationError(f"the last checkpoint in {run_dir} is at step {start_step} and steps="
-                                     f"{config.steps}: nothing remains to train; raise steps to continue")
-    elif config.start_from_checkpoint:
-        training_client = service.create_training_client_from_state(config.start_from_checkpoint)
-    else:
-        training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
-                                                               seed=config.seed)
+    if resumed is not None and resumed["step"] >= config.steps:
+        raise ConfigurationError(f"the last checkpoint in {run_dir} is at step {resumed['step']} and steps="
+                                 f"{config.steps}: nothing remains to train; raise steps to continue")
+    with stop.abandonable():  # loading the model: nothing to keep yet
+        if resumed is not None:
+            training_client = service.create_training_client_from_state_with_optimizer(resumed["state_path"])
+            start_step = resumed["step"]
+            rng.setstate(_rng_state(resumed["rng"]))
+        elif config.start_from_checkpoint:
+            training_client = service.create_training_client_from_state(config.start_from_checkpoint)
+        else:
+            training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
+                                                                   seed=config.seed)
+    own_checkpoints(run_dir, training_client)
     save_config(dataclasses.replace(config, resume=False, precision=precision),  # the settings now in force
                 run_dir / "config.yaml")
     tokenizer = training_client.get_tokenizer()
     with contextlib.ExitStack() as stack:
+        if hasattr(service, "close"):  # Ray: its actors end with the run, a stopped or failed one too
+            stack.callback(service.close)
         if isinstance(source, RLDataset):
             rollouts: Rollouts = EnvRollouts(source, tokenizer, config)
         else:
@@ -158,7 +176,20 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
             RolloutLog(run_dir).drop_from(start_step)
         yield LoopRun(config, run_dir, service, training_client, rollouts, tracker, auxiliary,
                       rollout_log, rng, start_step,
-                      types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress)
+                      types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress,
+                      stop, show_evaluation)
+
+
+def held_out(run: LoopRun, what: str) -> dict[str, float]:
+    """The held-out evaluation of the current weights (empty: there is none), shown as ``what`` while it runs."""
+    show = run.show_evaluation or _quiet
+    with show(what, run.rollouts.held_out_size) as answered:
+        return run.rollouts.held_out(run.training_client.save_weights_and_get_sampling_client(), answered)
+
+
+@contextlib.contextmanager
+def _quiet(what: str, problems: int) -> Iterator[Callable[[int], None]]:
+    yield lambda answered: None
 
 
 # -- the phases of a step --------------------------------------------------------------------------------------------
@@ -242,7 +273,8 @@ def send_optim(run: LoopRun, work: StepWork) -> None:
 
 
 def finish_step(run: LoopRun, work: StepWork) -> None:
-    """Wait for the step's training, then log its metrics, evaluate (every ``eval_every``) and checkpoint."""
+    """Wait for the step's training, then log its metrics, evaluate (every ``eval_every``) and checkpoint (every
+    ``save_every``, at the last step, and when a stop was asked for, which then raises RunInterrupted)."""
     config, metrics, step = run.config, work.metrics, work.step
     t_train = time.time()
     metrics.update(_training_metrics(work))
@@ -257,18 +289,31 @@ def finish_step(run: LoopRun, work: StepWork) -> None:
     metrics["time/train"] = time.time() - t_train  # what training took beyond the rollouts' time
 
     if config.eval_every and (step + 1) % config.eval_every == 0:
-        metrics.update(run.rollouts.held_out(run.training_client.save_weights_and_get_sampling_client()))
+        metrics.update(held_out(run, f"evaluating after step {step + 1}"))
     metrics["time/total"] = time.time() - work.t_start
     metrics["tokens_per_s"] = sum(r.sampled_tokens for r in work.rollouts) / metrics["time/total"]
     if hasattr(run.service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
         metrics.update(run.service.distributed_metrics())
     metrics["aux/failures"] = run.auxiliary.total
     run.tracker.log(metrics, step)
-    if (config.save_every and (step + 1) % config.save_every == 0) or step + 1 == config.steps:
-        path = run.training_client.save_state(f"step-{step + 1:06d}").result().path
-        record_checkpoint(run.run_dir, {"step": step + 1, "state_path": path, "rng": run.rng.getstate()})
     if run.progress is not None:
         run.progress(step, metrics)
+    final = step + 1 == config.steps
+    if (config.save_every and (step + 1) % config.save_every == 0) or final or run.stop.requested:
+        save_checkpoint(run, step + 1, final)
+        # A stop asked for before the save or during it ends the run here (after the last step, the final
+        # evaluation ends it at once).
+        if run.stop.requested and not final:
+            raise RunInterrupted(run.stop.signum, step + 1)  # type: ignore[arg-type]
+
+
+def save_checkpoint(run: LoopRun, steps_done: int, final: bool) -> None:
+    """Save the state after ``steps_done`` steps with the loop's RNG, record it, and delete the checkpoints
+    ``keep_checkpoints`` no longer keeps (a failure to delete is logged; training goes on)."""
+    path = run.training_client.save_state(f"step-{steps_done:06d}").result().path
+    record_checkpoint(run.run_dir, {"step": steps_done, "state_path": path, "rng": run.rng.getstate(),
+                                    **({"final": True} if final else {})})
+    run.auxiliary.run("checkpoint pruning", prune_checkpoints, run.run_dir, run.config.keep_checkpoints)
 
 
 def _training_metrics(work: StepWork) -> dict[str, float]:

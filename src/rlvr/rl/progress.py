@@ -1,9 +1,16 @@
 """Progress of a run's long phases on its console: the warm-up's and the RL loop's steps, and the evaluations.
 
-On a terminal a step phase is a bar with its status, elapsed time and ETA, and an evaluation a spinner. On anything
-else (a log file, a pipe, CI), where a bar is only drawn when it ends, a step phase prints a line at its start, at
-least ``every_s`` seconds apart, and at its last step, each with the seconds per step and the ETA; an evaluation
-prints a line when it starts and one when it ends. A run sent to a file says where it is.
+On a terminal a step phase is a bar with its status, elapsed time and ETA, and an evaluation (inside a phase or on
+its own) a bar of problems answered. On anything else (a log file, a pipe, CI), where a bar is only drawn when it
+ends, each prints a line at its start, at least ``every_s`` seconds apart, and at its end, with the seconds per step
+(or problem) and the ETA. A run sent to a file says where it is.
+
+The rate and ETA are timed from the end of the first step this process ran: that step also carries one-off work
+(loading the model, the first compilations), so a line after it alone says how long it took and that the ETA comes
+with the next. Evaluations are timed on their own, not as steps.
+
+:func:`make_console` is the console run commands print to: off a terminal it never wraps lines, so paths and
+commands stay whole for copying and grep.
 
 Not here: what a step does (``run.py``, ``loop.py``), or the metrics files (``tracking.py``).
 """
@@ -16,6 +23,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 EVERY_S = 30.0
+UNWRAPPED_WIDTH = 1000
+"""The width of a console that is not a terminal: text is never wrapped (soft wrap), tables are as wide as their
+content up to this."""
+
+
+def make_console(stderr: bool = False) -> Any:
+    """A rich Console on stdout (or stderr): rich's own on a terminal; elsewhere one that never wraps a line (rich
+    would wrap at 80 columns, splitting paths and commands)."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, soft_wrap=True, width=UNWRAPPED_WIDTH)
 
 
 def _clock_text(seconds: float) -> str:
@@ -25,7 +46,8 @@ def _clock_text(seconds: float) -> str:
 
 class StepProgress:
     """``with StepProgress(console, "step", total) as progress: progress.update(done, status)``; ``start``: steps
-    done before this process began (a resumed run), left out of the rate; ``unit``: what the rate is per."""
+    done before this process began (a resumed run), left out of the rate; ``unit``: what the rate is per.
+    ``progress.evaluation(what, problems)`` shows an evaluation inside the phase."""
 
     def __init__(self, console: Any, label: str, total: int, start: int = 0, status: str = "",
                  every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic, unit: str = "step") -> None:
@@ -35,15 +57,18 @@ class StepProgress:
         self._bar: Any = None
         self._started = self._printed = 0.0
         self._first: tuple[float, int] | None = None  # (time, done) at the first update
+        self._idle_since: float | None = None  # when the last evaluation before the first step ended
 
     def __enter__(self) -> StepProgress:
         self._started = self._printed = self.clock()
         if self.console.is_terminal:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-            self._bar = Progress(TextColumn(f"{self.label} {{task.completed}}/{{task.total}}"), BarColumn(),
+            # The ETA is the rate since the first update (rich's default, the last 30 s, has no rate at all once a
+            # step takes longer than that); rich leaves the first update's own time out.
+            self._bar = Progress(TextColumn("{task.description} {task.completed}/{task.total}"), BarColumn(),
                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                                 console=self.console)
+                                 console=self.console, get_time=self.clock, speed_estimate_period=10**9)
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=self.total, completed=self.start, status=self.status)
         else:
@@ -64,27 +89,46 @@ class StepProgress:
         if self._bar is not None:
             self._bar.__exit__(*exc)
 
+    @contextlib.contextmanager
+    def evaluation(self, what: str, problems: int) -> Iterator[Callable[[int], None]]:
+        """Show an evaluation of ``problems`` inside this phase (``what``: e.g. "evaluating the baseline"); yields
+        the callable to give the problems answered so far. The steps' rate leaves it out."""
+        if self._bar is not None:
+            task = self._bar.add_task(f"{what}: answered", total=problems, status="")
+            try:
+                yield lambda answered: self._bar.update(task, completed=answered)
+            finally:
+                self._bar.remove_task(task)
+        else:
+            with evaluation(self.console, what, problems, clock=self.clock, every_s=self.every_s) as answered:
+                yield answered
+        if self._first is None:
+            self._idle_since = self.clock()
+
     def _line(self) -> None:
         now = self.clock()
         self._printed = now
         elapsed, steps = now - self._started, self.done - self.start
         timing = f"elapsed {_clock_text(elapsed)}"
-        if steps > 0:  # timed from the first step's end where it can be: an evaluation before it is not a step
-            since, first = self._first or (self._started, self.start)
-            per_step = (now - since) / (self.done - first) if self.done > first else elapsed / steps
+        if steps > 0 and self._first is not None and self.done > self._first[1]:  # timed from the first step's end
+            since, first = self._first
+            per_step = (now - since) / (self.done - first)
             timing = f"{per_step:.1f} s/{self.unit}  {timing}  ETA {_clock_text(per_step * (self.total - self.done))}"
+        elif steps > 0:  # one update so far: its time holds one-off work (and an evaluation before it)
+            took = now - (self._idle_since if self._idle_since is not None else self._started)
+            if steps == 1 and self.done < self.total:  # a rate from it alone would mislead: say what it holds
+                timing = f"first {self.unit} {took:.1f} s (with set-up; ETA from the next)  {timing}"
+            else:
+                per_step = took / steps
+                timing = (f"{per_step:.1f} s/{self.unit}  {timing}  "
+                          f"ETA {_clock_text(per_step * (self.total - self.done))}")
         self.console.print(f"{self.label} {self.done}/{self.total}  {self.status}  {timing}".replace("    ", "  "),
                            highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
-def phase(console: Any, text: str, clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
-    """A spinner with ``text`` on a terminal; elsewhere a line when it starts and one with its time when it ends."""
-    if console.is_terminal:
-        with console.status(text):
-            yield
-        return
-    started = clock()
-    console.print(f"{text} ...", highlight=False, soft_wrap=True)
-    yield
-    console.print(f"{text}: done in {_clock_text(clock() - started)}", highlight=False, soft_wrap=True)
+def evaluation(console: Any, what: str, problems: int, clock: Callable[[], float] = time.monotonic,
+               every_s: float = EVERY_S) -> Iterator[Callable[[int], None]]:
+    """An evaluation of ``problems`` shown on its own (outside a step phase): problems answered, rate and ETA."""
+    with StepProgress(console, f"{what}: answered", problems, every_s=every_s, clock=clock, unit="problem") as shown:
+        yield lambda answered: shown.update(answered, "")

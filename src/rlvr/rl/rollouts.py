@@ -23,6 +23,7 @@ import itertools
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,8 +76,14 @@ class Rollouts(ABC):
         """``env/all/...`` over all of a step's rollouts."""
 
     @abstractmethod
-    def held_out(self, sampler: Any) -> dict[str, float]:
-        """Greedy evaluation on held-out problems or groups (empty: there are none)."""
+    def held_out(self, sampler: Any, answered: Callable[[int], None] | None = None) -> dict[str, float]:
+        """Greedy evaluation on held-out problems or groups (empty: there are none); ``answered`` is given the
+        number answered so far as batches of answers come in."""
+
+    @property
+    @abstractmethod
+    def held_out_size(self) -> int:
+        """Problems (or groups) ``held_out`` evaluates."""
 
     @abstractmethod
     def probe(self) -> list[int]:
@@ -107,16 +114,33 @@ def curriculum_problems(problems: list[Problem], curriculum: dict[int, float], s
 
 
 def evaluate_problems(sampling_client: Any, tokenizer: Any, source: ProblemSource, problems: list[Problem],
-                      runner: RewardRunner, max_tokens: int) -> dict[str, float]:
-    """Greedy held-out evaluation: ``test/reward/mean`` and ``test/correct`` (reward >= 1)."""
+                      runner: RewardRunner, max_tokens: int, answered: Callable[[int], None] | None = None
+                      ) -> dict[str, float]:
+    """Greedy held-out evaluation: ``test/reward/mean`` and ``test/correct`` (reward >= 1); ``answered`` is given
+    the problems answered so far whenever a batch of answers is in."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
     futures = sample_together(sampling_client, [(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), 1, params)
                                                  for p in problems])
-    responses = [tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True) for f in futures]
+    responses = []
+    for i, future in enumerate(futures):  # in order; the engine answers them in batches, shown when a batch is in
+        responses.append(tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True))
+        if answered is not None and (i + 1 == len(futures) or not future_done(futures[i + 1])):
+            answered(i + 1)
     scores = runner.score([RewardItem(p.question, r, p.reward_meta()) for p, r in zip(problems, responses,
                                                                                       strict=True)])
     values = [s for s in scores.scores if s is not None]
     return {**scores.metrics("test/reward"), "test/correct": sum(v >= 1.0 for v in values) / max(len(values), 1)}
+
+
+def future_done(future: Any) -> bool:
+    """Whether a sampling future has its answer (or its error) already."""
+    try:
+        future.result(timeout=0)
+    except TimeoutError:
+        return False
+    except Exception:  # its error is raised where the caller takes its result
+        return True
+    return True
 
 
 @dataclass
@@ -182,9 +206,13 @@ class ProblemRollouts(Rollouts):
         metrics["env/all/ac_tokens_per_turn"] = sum(r.sampled_tokens for r in rollouts) / len(scores.scores)
         return metrics
 
-    def held_out(self, sampler: Any) -> dict[str, float]:
+    def held_out(self, sampler: Any, answered: Callable[[int], None] | None = None) -> dict[str, float]:
         return evaluate_problems(sampler, self.tokenizer, self.source, self.test_problems, self.runner,
-                                 self.config.max_tokens)
+                                 self.config.max_tokens, answered)
+
+    @property
+    def held_out_size(self) -> int:
+        return len(self.test_problems)
 
     def probe(self) -> list[int]:
         return self.source.render_ids(self.train_problems[0], self.tokenizer)[:16]
@@ -262,10 +290,17 @@ class EnvRollouts(Rollouts):
     def metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
         return rollouts[0].metrics  # one rollout per step, with its own metrics
 
-    def held_out(self, sampler: Any) -> dict[str, float]:
+    def held_out(self, sampler: Any, answered: Callable[[int], None] | None = None) -> dict[str, float]:
         if not self.test_groups:
             return {}
-        return evaluate_envs(sampler, self.test_groups, self.config.max_tokens, self.config.max_turns)
+        result = evaluate_envs(sampler, self.test_groups, self.config.max_tokens, self.config.max_turns)
+        if answered is not None:  # the groups are played together: all answered at once
+            answered(len(self.test_groups))
+        return result
+
+    @property
+    def held_out_size(self) -> int:
+        return len(self.test_groups)
 
     def probe(self) -> list[int]:
         return list(self.dataset.get_batch(0)[0].make_envs()[0].initial_observation())[:16]

