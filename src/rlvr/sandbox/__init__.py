@@ -68,15 +68,28 @@ Threat model
 from rlvr.sandbox.backend import SandboxBackend
 from rlvr.sandbox.doctor import doctor, format_doctor_report
 from rlvr.sandbox.executor import DEFAULT_PRELOAD, Sandbox
-from rlvr.sandbox.result import STATUSES, SandboxJob, SandboxResult, Status
+from rlvr.sandbox.result import (
+    SCRIPT_STATUSES,
+    STATUSES,
+    SandboxJob,
+    SandboxResult,
+    ScriptJob,
+    ScriptResult,
+    ScriptStatus,
+    Status,
+)
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "SCRIPT_STATUSES",
     "STATUSES",
     "Sandbox",
     "SandboxBackend",
     "SandboxJob",
     "SandboxResult",
+    "ScriptJob",
+    "ScriptResult",
+    "ScriptStatus",
     "Status",
     "doctor",
     "format_doctor_report",
