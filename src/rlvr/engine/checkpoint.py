@@ -9,8 +9,8 @@ the previous checkpoint intact and never a half-written one:
 
     adapter_model.safetensors   LoRA weights, keyed as peft saves them (loadable with PeftModel.from_pretrained)
     adapter_config.json         the peft LoraConfig
-    rlvr.json                   base model, LoRA spec, step, parameter order, format version
-    optimizer.pt                AdamW state (weights/ only)
+    rlvr.json                   base model, LoRA spec, step, parameter order, format version, optimizer (weights/)
+    optimizer.pt                AdamW or Dimuon state (weights/ only)
     rng.pt                      torch RNG state (weights/ only)
 """
 
@@ -100,3 +100,9 @@ def read_torch(folder: Path, filename: str, path: str) -> object:
         raise CheckpointError(f"checkpoint {path!r} has no {filename}; it was saved with save_weights_for_sampler, "
                               "which keeps weights only. Resume from a save_state checkpoint (.../weights/...)")
     return torch.load(target, weights_only=True, map_location="cpu")  # saved on a GPU, read anywhere
+
+
+def saved_optimizer(meta: dict) -> str:
+    """The optimizer whose state a checkpoint holds: ``rlvr.json``'s ``optimizer.type`` ("adamw" or "dimuon"), AdamW
+    for checkpoints written before Dimuon."""
+    return str(meta.get("optimizer", {}).get("type", "adamw"))
