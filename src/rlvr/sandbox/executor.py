@@ -259,7 +259,8 @@ class Sandbox(SandboxBackend):
     def submit(self, job: JobLike | ScriptJob) -> Future:
         """Queue one job (a :class:`SandboxJob`, a mapping of its fields, or a :class:`ScriptJob`); a future of its
         result, at once. Jobs submitted from any thread run on the pool as they come, in order, each as soon as a
-        server is free; none waits for another caller's batch (a ``run_many`` call takes turns with them)."""
+        server is free; none waits for another caller's batch (a ``run_many`` call takes turns with them). The first
+        call starts a feeding thread that lives until :meth:`close`."""
         job = job if isinstance(job, ScriptJob) else self.as_job(job)
         with self._stream_lock:
             if self._closed:
