@@ -227,7 +227,8 @@ def sandbox_serve(
     workers: int = typer.Option(None, help="Fork servers, i.e. programs run at once (default: the usable CPUs)."),
     memory_mb: int = typer.Option(1024, help="Address-space limit of each program in MiB, and the most a request's "
                                              "memory_limit_MB may ask for."),
-    max_run_timeout: float = typer.Option(600.0, help="Largest run_timeout a request may ask for, in seconds."),
+    max_run_timeout: float = typer.Option(3600.0, help="Largest run_timeout a request may ask for, in seconds "
+                                                       "(tinker-cookbook asks 7 s per test, plus 5, for a problem)."),
     import_path: Annotated[list[str] | None, typer.Option(
         "--import-path", help="A folder programs may import from (repeat it); default: the site-packages holding "
                               "numpy, which tinker-cookbook's test harness imports.")] = None,

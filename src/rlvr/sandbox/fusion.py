@@ -87,8 +87,8 @@ class RunCodeResponse(BaseModel):
 class Limits:
     """What one request may ask for."""
 
-    max_run_timeout: float = 600.0
-    """Largest ``run_timeout`` accepted, in seconds."""
+    max_run_timeout: float = 3600.0
+    """Largest ``run_timeout`` accepted, in seconds (tinker-cookbook asks (6 + 1) s per test + 5 s for a problem)."""
     memory_mb: int = 1024
     """The address-space limit of every program (the pool's), and the largest ``memory_limit_MB`` accepted."""
     output_bytes: int = SCRIPT_OUTPUT_BYTES
@@ -255,7 +255,7 @@ def default_import_paths() -> list[str]:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, *, workers: int | None = None, memory_mb: int = 1024,
-          max_run_timeout: float = 600.0, import_paths: list[str] | None = None, keys_file: str | None = None,
+          max_run_timeout: float = 3600.0, import_paths: list[str] | None = None, keys_file: str | None = None,
           log_level: str = "info") -> None:
     """Run ``rlvr sandbox serve`` until interrupted: a pool of ``workers`` fork servers (default: the usable CPUs)
     behind SandboxFusion's ``/run_code``, on loopback unless ``host`` says otherwise (then a key is required)."""
