@@ -278,5 +278,36 @@ def doctor(json: bool = typer.Option(False, "--json", help="Print the report as 
     raise typer.Exit(main(["doctor", *(["--json"] if json else [])]))
 
 
+@sandbox_app.command("serve")
+def sandbox_serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you mean otherwise (then a key is "
+                                               "required)."),
+    port: int = typer.Option(8080, help="TCP port (SandboxFusion's, so SANDBOX_URL's default finds it)."),
+    workers: int = typer.Option(None, help="Fork servers, i.e. programs run at once (default: the usable CPUs)."),
+    memory_mb: int = typer.Option(1024, help="Address-space limit of each program in MiB, and the most a request's "
+                                             "memory_limit_MB may ask for."),
+    max_run_timeout: float = typer.Option(3600.0, help="Largest run_timeout a request may ask for, in seconds "
+                                                       "(tinker-cookbook asks 7 s per test, plus 5, for a problem)."),
+    import_path: Annotated[list[str] | None, typer.Option(
+        "--import-path", help="A folder programs may import from (repeat it); default: the site-packages holding "
+                              "numpy, which tinker-cookbook's test harness imports.")] = None,
+    keys_file: str = typer.Option(None, help="File with one API key per line (else $RLVR_SANDBOX_API_KEY; none: "
+                                             "open, loopback only)."),
+) -> None:
+    """Serve SandboxFusion's /run_code on rlvr's sandbox (tinker-cookbook's code_rl: SANDBOX_URL, verl:
+    reward.sandbox_fusion.url = http://localhost:8080/run_code)."""
+    from rlvr.errors import ConfigurationError
+    from rlvr.sandbox.fusion import serve as run
+
+    try:
+        run(host=host, port=port, workers=workers, memory_mb=memory_mb, max_run_timeout=max_run_timeout,
+            import_paths=import_path, keys_file=keys_file)
+    except ConfigurationError as exc:
+        raise _fail(exc) from None
+    except ImportError as exc:
+        raise _fail(ConfigurationError(f"rlvr sandbox serve needs the server extra: pip install 'rlvr[server]' "
+                                       f"({exc})")) from None
+
+
 if __name__ == "__main__":
     main()

@@ -37,6 +37,7 @@ from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
 from rlvr.engine.models.load import canonical_name
 from rlvr.engine.models.lora import LORA_ALPHA, LoraSpec
 from rlvr.engine.sample.scores import ScoreRequest
+from rlvr.engine.train.optim import check_params_for, config_of, kind_of, kind_of_config
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision
 
@@ -68,15 +69,20 @@ def _async_of(method: Callable[..., Any], awaited: bool = False) -> Callable[...
     return twin
 
 
-def adam_of(optim_params: Any, adam_params: Any) -> types.AdamParams:
-    """The AdamParams of an ``optim_step(optim_params, *, adam_params)`` call as Tinker's SDK takes it (one of the
-    two; ``adam_params=`` is its older keyword)."""
+def optim_params_of(optim_params: Any, adam_params: Any) -> Any:
+    """The params of an ``optim_step(optim_params, *, adam_params)`` call as Tinker's SDK takes it (one of the two;
+    ``adam_params=`` is its older keyword for AdamParams)."""
     if (optim_params is None) == (adam_params is None):
-        raise ConfigurationError("optim_step takes one of optim_params and adam_params (a types.AdamParams), got "
-                                 f"{'both' if optim_params is not None else 'neither'}")
-    params = optim_params if optim_params is not None else adam_params
+        raise ConfigurationError("optim_step takes one of optim_params (types.AdamParams or types.DimuonParams) and "
+                                 f"adam_params, got {'both' if optim_params is not None else 'neither'}")
+    return optim_params if optim_params is not None else adam_params
+
+
+def adam_of(optim_params: Any, adam_params: Any) -> types.AdamParams:
+    """The AdamParams of an ``optim_step`` call to a client that trains with AdamW only (the Ray trainer's)."""
+    params = optim_params_of(optim_params, adam_params)
     if not isinstance(params, types.AdamParams):
-        raise ConfigurationError(f"optim_step: rlvr's optimizer is AdamW, so it takes types.AdamParams, got "
+        raise ConfigurationError(f"optim_step: this client trains with AdamW, so it takes types.AdamParams, got "
                                  f"{type(params).__name__}")
     return params
 
@@ -121,30 +127,34 @@ class ServiceClient:
         train_attn: bool = True,
         train_unembed: bool = True,
         user_metadata: dict[str, str] | None = None,
+        optimizer: types.OptimizerConfig | None = None,
     ) -> TrainingClient:
         """A TrainingClient for a new LoRA adapter on ``base_model`` ('tiny', 'smollm2-135m', a path, a hub id).
 
-        ``seed`` fixes the adapter's initial weights (None: random).
+        ``seed`` fixes the adapter's initial weights (None: random). ``optimizer`` is fixed for the client's life:
+        ``types.AdamOptimizerConfig()`` (None, the default) or ``types.DimuonOptimizerConfig()``.
         """
         spec = LoraSpec(rank=rank, train_mlp=train_mlp, train_attn=train_attn, train_unembed=train_unembed)
-        trainer = self.engine.run(self.engine.create_trainer, base_model, spec, seed)
+        trainer = self.engine.run(self.engine.create_trainer, base_model, spec, seed, kind_of_config(optimizer))
         return TrainingClient(self, trainer)
 
     create_lora_training_client_async = _async_of(create_lora_training_client)
 
     def create_training_client_from_state(self, path: str, base_model: str | None = None,
-                                          user_metadata: dict[str, str] | None = None) -> TrainingClient:
-        """A TrainingClient with the weights saved at ``path`` (a save_state path) and a fresh optimizer.
-        ``base_model``, when given, must be the one the state was trained on (the state records it)."""
-        return TrainingClient(self, self._trainer_from_state(path, base_model, False))
+                                          user_metadata: dict[str, str] | None = None, *,
+                                          optimizer: types.OptimizerConfig | None = None) -> TrainingClient:
+        """A TrainingClient with the weights saved at ``path`` (a save_state path) and a fresh ``optimizer`` (AdamW
+        unless given). ``base_model``, when given, must be the one the state was trained on (the state records it)."""
+        return TrainingClient(self, self._trainer_from_state(path, base_model, False, kind_of_config(optimizer)))
 
     create_training_client_from_state_async = _async_of(create_training_client_from_state)
 
     def create_training_client_from_state_with_optimizer(
         self, path: str, base_model: str | None = None, user_metadata: dict[str, str] | None = None
     ) -> TrainingClient:
-        """A TrainingClient resuming exactly from ``path``: weights, AdamW moments, step and RNG state.
-        ``base_model``, when given, must be the one the state was trained on (the state records it)."""
+        """A TrainingClient resuming exactly from ``path``: weights, its optimizer (AdamW or Dimuon) and that
+        optimizer's state, step and RNG state. ``base_model``, when given, must be the one the state was trained on
+        (the state records it)."""
         return TrainingClient(self, self._trainer_from_state(path, base_model, True))
 
     create_training_client_from_state_with_optimizer_async = _async_of(
@@ -170,13 +180,14 @@ class ServiceClient:
 
     get_server_capabilities_async = _async_of(get_server_capabilities)
 
-    def _trainer_from_state(self, path: str, base_model: str | None, with_optimizer: bool) -> Trainer:
+    def _trainer_from_state(self, path: str, base_model: str | None, with_optimizer: bool,
+                            optimizer: str = "adamw") -> Trainer:
         if base_model is not None:
             trained_on = checkpoint.read_meta(path)[1]["base_model"]
             if canonical_name(base_model) != canonical_name(trained_on):
                 raise ConfigurationError(f"base_model={base_model!r}, but {path} was trained on {trained_on!r}; leave "
                                          "base_model out (the state records it) or pass that one")
-        return self.engine.run(self.engine.trainer_from_state, path, with_optimizer)
+        return self.engine.run(self.engine.trainer_from_state, path, with_optimizer, optimizer)
 
 
 class TrainingClient(_SelfFuture):
@@ -206,11 +217,14 @@ class TrainingClient(_SelfFuture):
         holds datum i's target-token logprobs and carries gradient."""
         return self.engine.submit(self.engine.forward_backward_custom, self._trainer, data, loss_fn)
 
-    def optim_step(self, optim_params: types.AdamParams | None = None, *, adam_params: types.AdamParams | None = None
-                   ) -> APIFuture[types.OptimStepResponse]:
-        """One AdamW step on the gradients accumulated since the last step; metrics hold ``grad_norm:mean``.
-        The parameters come as Tinker takes them: ``optim_params`` (positional) or the older ``adam_params=``."""
-        return self.engine.submit(self.engine.optim_step, self._trainer, adam_of(optim_params, adam_params))
+    def optim_step(self, optim_params: types.OptimParams | None = None, *,
+                   adam_params: types.AdamParams | None = None) -> APIFuture[types.OptimStepResponse]:
+        """One step of the client's optimizer on the gradients accumulated since the last step; metrics hold
+        ``grad_norm:mean``. The parameters come as Tinker takes them: ``optim_params`` (positional: AdamParams for
+        AdamW, DimuonParams for Dimuon; the other kind is refused) or the older ``adam_params=``."""
+        params = optim_params_of(optim_params, adam_params)
+        check_params_for(kind_of(self._trainer.optimizer), params)
+        return self.engine.submit(self.engine.optim_step, self._trainer, params)
 
     forward_async = _async_of(forward)
     forward_backward_async = _async_of(forward_backward)
@@ -262,6 +276,7 @@ class TrainingClient(_SelfFuture):
             is_lora=True,
             lora_rank=self._trainer.spec.rank,
             model_name=base.name,
+            optimizer_config=config_of(self._trainer.optimizer),
         )
 
     get_info_async = _async_of(get_info)

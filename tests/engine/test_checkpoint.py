@@ -105,3 +105,58 @@ def test_sampler_weights_cannot_resume_an_optimizer(service):
     path = tc.save_weights_for_sampler("only-weights").result().path
     with pytest.raises(CheckpointError, match="no optimizer.pt"):
         service.create_training_client_from_state_with_optimizer(path)
+
+
+DIMUON = types.DimuonParams(learning_rate=3e-2, beta1=0.8, grad_clip_norm=5.0)
+
+
+def dimuon_steps(tc, n):
+    data = [ce_datum([3, 1, 4, 1, 5, 9, 2, 6]), ce_datum([2, 7, 1, 8, 2, 8])]
+    for _ in range(n):
+        tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(DIMUON)
+    return tc.parameters()
+
+
+def test_a_dimuon_resume_keeps_the_optimizer_and_equals_an_uninterrupted_run(service):
+    original = service.create_lora_training_client("tiny", rank=8, seed=31, optimizer=types.DimuonOptimizerConfig())
+    dimuon_steps(original, 2)  # the running averages are non-zero at the save
+    path = original.save_state("dimuon-mid").result().path
+    assert json.loads((checkpoint.resolve(path) / "rlvr.json").read_text())["optimizer"] == {
+        "type": "dimuon", "version": 1}
+    resumed = service.create_training_client_from_state_with_optimizer(path)
+    assert resumed.get_info().optimizer_config == types.DimuonOptimizerConfig()
+    a, b = dimuon_steps(original, 3), dimuon_steps(resumed, 3)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    reloaded = service.create_lora_training_client("tiny", rank=8, seed=99, optimizer=types.DimuonOptimizerConfig())
+    reloaded.load_state_with_optimizer(path).result()
+    c = dimuon_steps(reloaded, 3)
+    assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_a_dimuon_resume_without_its_averages_differs(service):
+    """The control for the test above: weights only, with a fresh Dimuon (zero averages), end elsewhere."""
+    original = service.create_lora_training_client("tiny", rank=8, seed=31, optimizer=types.DimuonOptimizerConfig())
+    dimuon_steps(original, 2)
+    path = original.save_state("dimuon-mid2").result().path
+    fresh = service.create_training_client_from_state(path, optimizer=types.DimuonOptimizerConfig())
+    assert fresh.get_info().optimizer_config == types.DimuonOptimizerConfig()
+    a, b = dimuon_steps(original, 3), dimuon_steps(fresh, 3)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert service.create_training_client_from_state(path).get_info().optimizer_config == types.AdamOptimizerConfig()
+
+
+def test_optimizer_state_of_the_other_kind_is_refused_by_name(service):
+    dimuon = service.create_lora_training_client("tiny", rank=4, seed=32, optimizer=types.DimuonOptimizerConfig())
+    adam = service.create_lora_training_client("tiny", rank=4, seed=32)
+    for tc in (dimuon, adam):
+        tc.forward_backward([ce_datum([1, 2, 3])], "cross_entropy")
+    dimuon.optim_step(DIMUON).result()
+    adam.optim_step(ADAM).result()
+    dimuon_path, adam_path = dimuon.save_state("kind-d").result().path, adam.save_state("kind-a").result().path
+    with pytest.raises(CheckpointError, match="holds dimuon optimizer state and this client trains with adamw"):
+        adam.load_state_with_optimizer(dimuon_path).result()
+    with pytest.raises(CheckpointError, match="holds adamw optimizer state and this client trains with dimuon"):
+        dimuon.load_state_with_optimizer(adam_path).result()
+    dimuon.load_state(adam_path).result()  # weights only: any checkpoint
+    assert dimuon.get_info().optimizer_config == types.DimuonOptimizerConfig()

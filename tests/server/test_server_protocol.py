@@ -173,8 +173,9 @@ def test_server_sequencer_late_request_does_not_reopen_its_gap():
 
 
 REFUSED_CALLS = {  # name: (SDK call the server refuses, what its 4xx says)
-    "optim_step with Dimuon params": (
-        lambda tc: tc.optim_step(types.DimuonParams(learning_rate=1e-3)), "AdamParams only"),
+    "optim_step with Dimuon params on an AdamW model": (
+        lambda tc: tc.optim_step(types.DimuonParams(learning_rate=1e-3)),
+        r"got types\.DimuonParams, but this training client was created with optimizer=types\.AdamOptimizerConfig"),
     "forward_backward with a text loss_fn_config": (
         lambda tc: tc.forward_backward([DATUM], "ppo", {"mode": "wide"}), "rlvr losses take numbers"),
     "an inflight sampling client": (

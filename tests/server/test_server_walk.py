@@ -529,12 +529,12 @@ def _target(w: Walk, cls: type) -> Any:
             tinker.RestClient: w.rest}[cls]
 
 
-def _probe(w: Walk, cls: type) -> None:
-    """One cheap call on the client the row used, which must come back promptly."""
+def _probe(w: Walk, cls: type, trainer: Any = None) -> None:
+    """One cheap call on the client the row used (``trainer``, else the walk's), which must come back promptly."""
     if cls is tinker.ServiceClient:
         w.sdk.create_sampling_client(base_model="tiny").result()
     elif cls is tinker.TrainingClient:
-        w.tc.forward(CE_DATA, "cross_entropy").result()
+        (trainer or w.tc).forward(CE_DATA, "cross_entropy").result()
     elif cls is tinker.SamplingClient:
         w.sc.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()
     else:
@@ -564,7 +564,101 @@ ROWS = [(cls, name) for cls, rows in TABLE.items() for name in rows]
 
 @pytest.mark.parametrize(("cls", "name"), ROWS, ids=[f"{c.__name__}.{n}" for c, n in ROWS])
 def test_walk(walk, cls, name):
-    row = TABLE[cls][name]
+    _walk_row(walk, cls, name, TABLE[cls][name])
+
+
+# Tinker's second optimizer: the same methods, called with Dimuon ------------------------------------------------------
+
+DIMUON = types.DimuonOptimizerConfig()
+DIMUON_STEP = types.DimuonParams(learning_rate=3e-2, beta1=0.8, grad_clip_norm=5.0)
+
+
+def dimuon(w: Walk) -> tuple[Any, Any]:
+    """A Dimuon training client through the SDK and its in-process twin, made once per walk."""
+    if not hasattr(w, "dimuon"):
+        w.dimuon = (w.sdk.create_lora_training_client(base_model="tiny", rank=4, seed=SEED, optimizer=DIMUON).result(),
+                    w.service.create_lora_training_client("tiny", rank=4, seed=SEED, optimizer=DIMUON))
+    return w.dimuon  # type: ignore[return-value]
+
+
+def check_dimuon_trainer(w: Walk, tc: Any) -> None:
+    assert tc.get_info().optimizer_config.type == "dimuon"
+    same_forward(tc, w.service.create_lora_training_client("tiny", rank=2, seed=99, optimizer=DIMUON))
+
+
+def dimuon_step_args(w: Walk) -> tuple[tuple, dict]:
+    dimuon(w)[0].forward_backward(CE_DATA, "cross_entropy").result()
+    return (DIMUON_STEP,), {}
+
+
+def check_dimuon_step(w: Walk, out: Any) -> None:
+    remote, local = dimuon(w)
+    local.forward_backward(CE_DATA, "cross_entropy").result()
+    _close(out.metrics["grad_norm:mean"], local.optim_step(DIMUON_STEP).result().metrics["grad_norm:mean"], "grad norm")
+    same_forward(remote, local)
+
+
+def dimuon_state_args(w: Walk) -> tuple[tuple, dict]:
+    remote, local = dimuon(w)
+    for client in (remote, local):  # a step, so the running averages saved are not zero
+        client.forward_backward(CE_DATA, "cross_entropy").result()
+        client.optim_step(DIMUON_STEP).result()
+    w.dimuon_state = remote.save_state(w.name("walk-dimuon")).result().path  # type: ignore[attr-defined]
+    return (w.dimuon_state,), {}  # type: ignore[attr-defined]
+
+
+def check_dimuon_resumed(w: Walk, tc: Any) -> None:
+    """The resumed client is Dimuon with the saved averages: its next step equals the uninterrupted twin's."""
+    assert tc.get_info().optimizer_config.type == "dimuon"
+    remote, twin = dimuon(w)
+    for client in (tc, remote, twin):  # the saved client steps too, so the twins stay in step
+        client.forward_backward(CE_DATA, "cross_entropy").result()
+        client.optim_step(DIMUON_STEP).result()
+    same_forward(tc, twin)
+    same_forward(remote, twin)
+
+
+def check_dimuon_weights_only(w: Walk, tc: Any) -> None:
+    assert tc.get_info().optimizer_config.type == "dimuon"
+    local = w.service.create_training_client_from_state(w.dimuon_state, optimizer=DIMUON)  # type: ignore[attr-defined]
+    for client in (tc, local):
+        client.forward_backward(CE_DATA, "cross_entropy").result()
+        client.optim_step(DIMUON_STEP).result()
+    same_forward(tc, local)
+
+
+DIMUON_ROWS: dict[str, tuple[type, str, Row]] = {
+    "create_lora_training_client(optimizer=DimuonOptimizerConfig())": (
+        tinker.ServiceClient, "create_lora_training_client",
+        Works(call("tiny", rank=2, seed=99, optimizer=DIMUON), check_dimuon_trainer)),
+    "optim_step(DimuonParams)": (
+        tinker.TrainingClient, "optim_step", Works(dimuon_step_args, check_dimuon_step, on=lambda w: dimuon(w)[0])),
+    "optim_step(AdamParams) on a Dimuon client": (
+        tinker.TrainingClient, "optim_step",
+        Refused(call(ADAM), r"got types\.AdamParams, but this training client was created with "
+                            r"optimizer=types\.DimuonOptimizerConfig\(\), which takes types\.DimuonParams",
+                on=lambda w: dimuon(w)[0])),
+    "optim_step(DimuonParams) on an AdamW client": (
+        tinker.TrainingClient, "optim_step",
+        Refused(call(DIMUON_STEP), r"got types\.DimuonParams, but this training client was created with "
+                                   r"optimizer=types\.AdamOptimizerConfig\(\)")),
+    "create_training_client_from_state_with_optimizer(a Dimuon state)": (
+        tinker.ServiceClient, "create_training_client_from_state_with_optimizer",
+        Works(dimuon_state_args, check_dimuon_resumed)),
+    "create_training_client_from_state(a Dimuon state, optimizer=DimuonOptimizerConfig())": (
+        tinker.ServiceClient, "create_training_client_from_state",
+        Works(lambda w: (dimuon_state_args(w)[0], {"optimizer": DIMUON}), check_dimuon_weights_only)),
+}
+
+
+@pytest.mark.parametrize("variant", list(DIMUON_ROWS))
+def test_walk_dimuon(walk, variant):
+    """Each SDK method that takes or depends on the optimizer, called for Dimuon: held to the walk's outcomes."""
+    cls, name, row = DIMUON_ROWS[variant]
+    _walk_row(walk, cls, name, row)
+
+
+def _walk_row(walk: Walk, cls: type, name: str, row: Row) -> None:
     args, kwargs = row.args(walk)
     method = getattr(row.on(walk) if row.on else _target(walk, cls), name)
     started = time.monotonic()
@@ -574,7 +668,8 @@ def test_walk(walk, cls, name):
     else:
         row.check(walk, _invoke(method, args, kwargs))
     refused_s = time.monotonic() - started
-    next_s, steady_s = _timed(_probe, walk, cls), _timed(_probe, walk, cls)
+    trainer = method.__self__ if cls is tinker.TrainingClient else None
+    next_s, steady_s = _timed(_probe, walk, cls, trainer), _timed(_probe, walk, cls, trainer)
     assert next_s < PROMPT_S + 2 * steady_s, f"the call after {name} took {next_s:.1f} s, the next {steady_s:.1f} s"
     if not isinstance(row, Works):
         assert refused_s < PROMPT_S + 2 * steady_s, f"{name} took {refused_s:.1f} s to fail"

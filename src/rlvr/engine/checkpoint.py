@@ -10,8 +10,8 @@ mid-save leaves the previous checkpoint intact and never a half-written one:
 
     adapter_model.safetensors   LoRA weights, keyed as peft saves them (loadable with PeftModel.from_pretrained)
     adapter_config.json         the peft LoraConfig
-    rlvr.json                   base model, LoRA spec, step, parameter order, format version
-    optimizer.pt                AdamW state (weights/ only)
+    rlvr.json                   base model, LoRA spec, step, parameter order, format version, optimizer (weights/)
+    optimizer.pt                AdamW or Dimuon state (weights/ only)
     rng.pt                      torch RNG state (weights/ only)
 
 Every file is serialized in memory and written by Python, so a full disk, a denied permission or a read-only
@@ -108,3 +108,9 @@ def _damaged(path: str, file: Path, exc: BaseException) -> CheckpointError:
     return CheckpointError(f"checkpoint {path} is damaged: {file.resolve()} cannot be read ({reason:.120}); rlvr "
                            "writes checkpoints whole, so the file was changed afterwards (a disk fault, a copy cut "
                            "short): restore it, or resume from an earlier checkpoint")
+
+
+def saved_optimizer(meta: dict) -> str:
+    """The optimizer whose state a checkpoint holds: ``rlvr.json``'s ``optimizer.type`` ("adamw" or "dimuon"), AdamW
+    for checkpoints written before Dimuon."""
+    return str(meta.get("optimizer", {}).get("type", "adamw"))

@@ -50,9 +50,10 @@ from rlvr.engine.sample import sampler
 from rlvr.engine.sample.sampler import SampleJob, Sequence_, resolve_params
 from rlvr.engine.sample.scores import ScoreRequest
 from rlvr.engine.sample_queue import SampleQueue
+from rlvr.engine.train import optim
 from rlvr.engine.train.batch import CheckedDatum, check_data, model_input_tokens
 from rlvr.engine.train.losses import resolve_loss
-from rlvr.engine.train.optim import adam_step, check_adam_params, make_optimizer
+from rlvr.engine.train.optim import Optimizer, config_of, kind_of, make_optimizer
 from rlvr.engine.train.prefix import Cluster, cluster_logprobs, plan
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
 from rlvr.metrics import reduce_metrics
@@ -74,8 +75,8 @@ class Trainer:
     """What the adapter adapts."""
     seed: int
     """The seed its LoRA weights were drawn from."""
-    optimizer: torch.optim.AdamW
-    """AdamW over the adapter's parameters, in ``host.parameters(adapter)`` order."""
+    optimizer: Optimizer
+    """AdamW or Dimuon over the adapter's parameters, in ``host.parameters(adapter)`` order; fixed at creation."""
     step: int = 0
     """Optimizer steps taken."""
 
@@ -199,13 +200,14 @@ class Engine:
     def _new_adapter_name(self, kind: str) -> str:
         return f"{kind}_{next(self._names)}"
 
-    def create_trainer(self, base_model: str, spec: LoraSpec, seed: int | None) -> Trainer:
+    def create_trainer(self, base_model: str, spec: LoraSpec, seed: int | None, optimizer: str = "adamw") -> Trainer:
+        """A new adapter on ``base_model`` trained by ``optimizer`` (``"adamw"`` or ``"dimuon"``, see ``optim.py``)."""
         host = self.host(base_model)
         seed = secrets.randbelow(2**31) if seed is None else int(seed)
         adapter = self._new_adapter_name("train")
         host.add(adapter, spec, seed)
-        optimizer = make_optimizer(list(host.parameters(adapter).values()))
-        return Trainer(f"run-{uuid.uuid4().hex[:12]}", host, adapter, spec, seed, optimizer)
+        trained_by = make_optimizer(list(host.parameters(adapter).values()), optimizer, spec.rank)
+        return Trainer(f"run-{uuid.uuid4().hex[:12]}", host, adapter, spec, seed, trained_by)
 
     # -- forward / backward ---------------------------------------------------------------------------------------
 
@@ -293,9 +295,8 @@ class Engine:
         loss.backward()
         return _output([lp.detach() for lp in logprobs], {"loss:sum": loss.item(), **dict(user_metrics)})
 
-    def optim_step(self, trainer: Trainer, adam: types.AdamParams) -> types.OptimStepResponse:
-        check_adam_params(adam)
-        metrics = adam_step(trainer.optimizer, adam)
+    def optim_step(self, trainer: Trainer, params: types.OptimParams) -> types.OptimStepResponse:
+        metrics = optim.step(trainer.optimizer, params)
         trainer.step += 1
         return types.OptimStepResponse(metrics=metrics)
 
@@ -321,6 +322,7 @@ class Engine:
     def save_state(self, trainer: Trainer, name: str) -> types.SaveWeightsResponse:
         path = checkpoint.make_path(trainer.run_id, "weights", name)
         files = self._adapter_files(trainer)
+        files["rlvr.json"]["optimizer"] = config_of(trainer.optimizer).model_dump()  # type: ignore[index]
         files["optimizer.pt"] = trainer.optimizer.state_dict()
         files["rng.pt"] = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
@@ -336,10 +338,17 @@ class Engine:
         if LoraSpec(**meta["lora"]) != trainer.spec:
             raise CheckpointError(f"checkpoint {path!r} has LoRA {meta['lora']}, this client {trainer.spec.to_dict()}; "
                                   "use ServiceClient.create_training_client_from_state to get a matching client")
+        kind = kind_of(trainer.optimizer)
+        saved_kind = checkpoint.saved_optimizer(meta)
+        if with_optimizer and saved_kind != kind:
+            raise CheckpointError(f"checkpoint {path!r} holds {saved_kind} optimizer state and this client trains with "
+                                  f"{kind}; load its weights only (load_state), or create a client that takes its "
+                                  "optimizer along (create_training_client_from_state_with_optimizer)")
         optimizer_state = checkpoint.read_torch(folder, "optimizer.pt", path) if with_optimizer else None
         rng = checkpoint.read_torch(folder, "rng.pt", path) if with_optimizer else None
         trainer.host.load_state_dict(trainer.adapter, checkpoint.read_adapter(folder))
-        trainer.optimizer = make_optimizer(list(trainer.host.parameters(trainer.adapter).values()))
+        trainer.optimizer = make_optimizer(list(trainer.host.parameters(trainer.adapter).values()), kind,
+                                           trainer.spec.rank)
         trainer.step = 0
         if with_optimizer:
             trainer.optimizer.load_state_dict(optimizer_state)  # type: ignore[arg-type]
@@ -349,9 +358,12 @@ class Engine:
             trainer.step = int(meta["step"])
         return types.LoadWeightsResponse(path=path)
 
-    def trainer_from_state(self, path: str, with_optimizer: bool) -> Trainer:
+    def trainer_from_state(self, path: str, with_optimizer: bool, optimizer: str = "adamw") -> Trainer:
+        """A trainer with the weights at ``path``; with its optimizer state (and so its optimizer, which a resume
+        keeps), else with a fresh ``optimizer``."""
         _, meta = checkpoint.read_meta(path)
-        trainer = self.create_trainer(meta["base_model"], LoraSpec(**meta["lora"]), meta["seed"])
+        kind = checkpoint.saved_optimizer(meta) if with_optimizer else optimizer
+        trainer = self.create_trainer(meta["base_model"], LoraSpec(**meta["lora"]), meta["seed"], kind)
         self.load_state(trainer, path, with_optimizer)
         return trainer
 
@@ -523,3 +535,4 @@ def _output(logprobs: list[torch.Tensor], metrics: dict[str, float]) -> types.Fo
         loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.cpu())} for lp in logprobs],
         metrics=metrics,
     )
+

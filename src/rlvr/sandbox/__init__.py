@@ -10,7 +10,9 @@ programs in a pool of warm fork servers, without root, Docker or network::
         result.passed, result.num_passed, result.status        # True, 2, "ok"
         results = sandbox.run_many([{"code": ..., "tests": [...]}, ...])
 
-``python -m rlvr.sandbox doctor`` (``rlvr sandbox doctor``) reports which layers are active on a machine.
+``python -m rlvr.sandbox doctor`` (``rlvr sandbox doctor``) reports which layers are active on a machine. Whole
+programs run as :class:`ScriptJob` (``sandbox.run_scripts``; exit status and output, no tests), ``sandbox.submit``
+queues one job from any thread, and ``rlvr sandbox serve`` (``fusion``) answers SandboxFusion's ``/run_code`` with them.
 
 Layers, per job (a forked child of a fork server; see ``server``)
     new session and process group; rlimits (CPU seconds, address space, file size -- stdout and stderr go
@@ -68,15 +70,28 @@ Threat model
 from rlvr.sandbox.backend import SandboxBackend
 from rlvr.sandbox.doctor import doctor, format_doctor_report
 from rlvr.sandbox.executor import DEFAULT_PRELOAD, Sandbox
-from rlvr.sandbox.result import STATUSES, SandboxJob, SandboxResult, Status
+from rlvr.sandbox.result import (
+    SCRIPT_STATUSES,
+    STATUSES,
+    SandboxJob,
+    SandboxResult,
+    ScriptJob,
+    ScriptResult,
+    ScriptStatus,
+    Status,
+)
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "SCRIPT_STATUSES",
     "STATUSES",
     "Sandbox",
     "SandboxBackend",
     "SandboxJob",
     "SandboxResult",
+    "ScriptJob",
+    "ScriptResult",
+    "ScriptStatus",
     "Status",
     "doctor",
     "format_doctor_report",

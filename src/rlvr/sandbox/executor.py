@@ -3,14 +3,16 @@
 What it is: the parent side. ``Sandbox(...)`` starts ``num_workers`` fork servers at once -- create it before
 loading a model, since starting processes from a process that holds gigabytes is slow -- each as
 ``<resolved python> -I -S server.py`` with an empty environment, optionally inside ``bwrap``. ``run_many``
-hands jobs to idle servers and waits for all of them in one ``poll`` loop over the servers' result pipes and
-their pidfds: no threads, no sleeping. A server that dies (or stops answering within the job's timeout
-plus a grace period) is killed with its process group, reaped and restarted, and its job is reported as
-``status="error"`` with the reason. Missing protection layers are reported once per process with
-``warnings.warn`` and ``logging.warning``.
+(programs and their tests) and ``run_scripts`` (whole programs, :class:`ScriptJob`) hand jobs to idle servers and
+wait for all of them in one ``poll`` loop over the servers' result pipes and their pidfds: no threads, no
+sleeping. ``submit`` queues one job from any thread and returns a future; a feeding thread (``stream``) runs such
+jobs as they come. A server that dies (or stops answering within the job's timeout plus a grace period) is
+killed with its process group, reaped and restarted, and its job is reported as ``status="error"`` with the
+reason. Missing protection layers are reported once per process with ``warnings.warn`` and ``logging.warning``.
 
 What it is not: the per-job confinement (``server``, ``confine``, ``landlock``, ``seccomp``) or the test
-counting (``harness``); and not thread-parallel: concurrent ``run_many`` calls on one Sandbox take turns.
+counting (``harness``); and not thread-parallel: concurrent ``run_many`` calls on one Sandbox, and the
+submitted jobs, take turns.
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from rlvr.errors import ConfigurationError, SandboxError
 from rlvr.sandbox import bwrap as _bwrap
 from rlvr.sandbox.backend import SandboxBackend
-from rlvr.sandbox.result import JobLike, SandboxJob, SandboxResult
+from rlvr.sandbox.frames import Job, failed, frame, to_result
+from rlvr.sandbox.result import JobLike, SandboxResult, ScriptJob, ScriptResult
+from rlvr.sandbox.stream import JobStream
 from rlvr.sandbox.worker import ForkServerProcess, shutdown
 
 logger = logging.getLogger("rlvr.sandbox")
@@ -151,6 +156,8 @@ class Sandbox(SandboxBackend):
         self.num_workers = num_workers
         self.python = python
         self._lock = threading.Lock()
+        self._stream_lock = threading.Lock()
+        self._stream: JobStream | None = None
         self._closed = False
         self.restarts = 0
         self.layers: dict[str, dict[str, Any]] = {}
@@ -239,53 +246,90 @@ class Sandbox(SandboxBackend):
 
     def run_many(self, jobs: Iterable[JobLike]) -> list[SandboxResult]:
         """Run ``jobs`` on the pool in parallel; one result per job, in order. See :class:`SandboxBackend`."""
-        normalised = [self.as_job(job) for job in jobs]
+        return self._run_batch([self.as_job(job) for job in jobs])  # type: ignore[return-value]
+
+    def run_scripts(self, jobs: Iterable[ScriptJob]) -> list[ScriptResult]:
+        """Run whole programs (:class:`ScriptJob`) on the pool in parallel; one result per job, in order."""
+        jobs = list(jobs)
+        for i, job in enumerate(jobs):
+            if not isinstance(job, ScriptJob):
+                raise ConfigurationError(f"run_scripts: job {i} is a {type(job).__name__}, not a ScriptJob")
+        return self._run_batch(jobs)  # type: ignore[return-value]
+
+    def submit(self, job: JobLike | ScriptJob) -> Future:
+        """Queue one job (a :class:`SandboxJob`, a mapping of its fields, or a :class:`ScriptJob`); a future of its
+        result, at once. Jobs submitted from any thread run on the pool as they come, in order, each as soon as a
+        server is free; none waits for another caller's batch (a ``run_many`` call takes turns with them). The first
+        call starts a feeding thread that lives until :meth:`close`."""
+        job = job if isinstance(job, ScriptJob) else self.as_job(job)
+        with self._stream_lock:
+            if self._closed:
+                raise SandboxError("this Sandbox is closed; create a new one")
+            if self._stream is None:
+                self._stream = JobStream(self)
+        return self._stream.put(job)
+
+    def _run_batch(self, jobs: list[Job]) -> list[SandboxResult | ScriptResult]:
         with self._lock:
             if self._closed:
                 raise SandboxError("this Sandbox is closed; create a new one")
-            results: list[SandboxResult | None] = [None] * len(normalised)
-            queue = deque(range(len(normalised)))
-            while queue or any(w.inflight for w in self._workers):
-                for depth in range(1, self._PIPELINE_DEPTH + 1):
-                    for worker in self._workers:
-                        if queue and worker.state == "up" and len(worker.inflight) < depth:
-                            self._dispatch(worker, queue, normalised, results)
-                if not any(w.state in ("up", "starting") for w in self._workers):
-                    raise SandboxError("no fork server could be (re)started; server log: "
-                                       + (self._workers[0].log_tail() or "(empty)"))
-                busy = [w.deadline for w in self._workers if w.inflight]
-                wait = max(0.0, min(busy) - time.monotonic()) if busy else 30.0
-                self._pump(wait, results, normalised, queue)
-            return [r if r is not None else SandboxResult.error("internal error: no result") for r in results]
+            results: list[SandboxResult | ScriptResult | None] = [None] * len(jobs)
+            self._drive(jobs, deque(range(len(jobs))), results)
+            return [r if r is not None else failed(job, "internal error: no result")
+                    for r, job in zip(results, jobs, strict=True)]
 
-    def _deadline(self, job: SandboxJob) -> float:
+    def _drive(self, jobs: Any, queue: deque, results: Any, intake: Callable[[], None] | None = None,
+               wake_fd: int | None = None) -> None:
+        """Run the queued jobs until none is queued or running; the caller holds ``self._lock``.
+
+        ``jobs`` and ``results`` map a job's key (its index in ``queue``) to the job and take its result. A stream
+        passes ``intake``, called every turn to queue the jobs that arrived, and ``wake_fd``, readable when one did;
+        its jobs are not sent ahead to busy servers, so none waits behind a slow one while another server is free.
+        """
+        pipeline = self._PIPELINE_DEPTH if intake is None else 1
+        while True:
+            if intake is not None:
+                intake()
+            if not queue and not any(w.inflight for w in self._workers):
+                return
+            for depth in range(1, pipeline + 1):
+                for worker in self._workers:
+                    if queue and worker.state == "up" and len(worker.inflight) < depth:
+                        self._dispatch(worker, queue, jobs, results)
+            if not any(w.state in ("up", "starting") for w in self._workers):
+                raise SandboxError("no fork server could be (re)started; server log: "
+                                   + (self._workers[0].log_tail() or "(empty)"))
+            busy = [w.deadline for w in self._workers if w.inflight]
+            wait = max(0.0, min(busy) - time.monotonic()) if busy else 30.0
+            self._pump(wait, results, jobs, queue, wake_fd)
+
+    def _deadline(self, job: Job) -> float:
         timeout = job.timeout or self.timeout
         return time.monotonic() + timeout + 2.0 + 0.25 * timeout
 
-    def _dispatch(self, worker: ForkServerProcess, queue: deque, jobs: list, results: list) -> None:
+    def _dispatch(self, worker: ForkServerProcess, queue: deque, jobs: Any, results: Any) -> None:
         index = queue[0]
         job = jobs[index]
-        message = {"op": "run", "id": index, "code": job.code, "setup_code": job.setup_code,
-                   "tests": list(job.tests), "timeout": job.timeout or self.timeout}
-        frame_size = len(job.code) + len(job.setup_code) + sum(len(t) for t in job.tests)
+        message, frame_size = frame(job, index, self.timeout)
         if worker.inflight and frame_size > self._PIPELINE_MAX_BYTES // 4:  # up to 4 bytes per character
             return
         queue.popleft()
         try:
             worker.send(message)
         except (OSError, ValueError) as exc:
-            results[index] = SandboxResult.error(f"could not send the job to the fork server ({exc}); it was "
-                                                 "restarted", len(job.tests))
+            results[index] = failed(job, f"could not send the job to the fork server ({exc}); it was restarted")
             self._died(worker, results, jobs, queue, f"could not send a job to fork server {worker.index}: {exc}")
             return
         if not worker.inflight:
             worker.deadline = self._deadline(job)
         worker.inflight.append(index)
 
-    def _pump(self, wait: float, results: list | None, jobs: list | None, queue: deque | None) -> None:
-        """Wait up to ``wait`` seconds for server output or death, and handle what arrived."""
+    def _pump(self, wait: float, results: Any, jobs: Any, queue: deque | None, wake_fd: int | None = None) -> None:
+        """Wait up to ``wait`` seconds for server output or death (or ``wake_fd``), and handle what arrived."""
         poller = select.poll()
         by_fd: dict[int, tuple[ForkServerProcess, str]] = {}
+        if wake_fd is not None:
+            poller.register(wake_fd, select.POLLIN)
         for worker in self._workers:
             if worker.state in ("starting", "up"):
                 by_fd[worker.out_fd] = (worker, "out")
@@ -294,6 +338,8 @@ class Sandbox(SandboxBackend):
                     by_fd[worker.pidfd] = (worker, "pidfd")
                     poller.register(worker.pidfd, select.POLLIN)
         for fd, _event in poller.poll(max(0, int(wait * 1000 + 0.999))):
+            if fd == wake_fd:
+                continue  # the caller's intake reads what woke it
             worker, kind = by_fd[fd]
             if worker.state == "down":
                 continue
@@ -310,7 +356,7 @@ class Sandbox(SandboxBackend):
                 self._died(worker, results, jobs, queue, f"fork server {worker.index} did not answer within the "
                            "job's timeout plus grace; it was killed")
 
-    def _read(self, worker: ForkServerProcess, results: list | None, jobs: list | None, queue: deque | None) -> None:
+    def _read(self, worker: ForkServerProcess, results: Any, jobs: Any, queue: deque | None) -> None:
         try:
             data = os.read(worker.out_fd, 1 << 20)
         except BlockingIOError:
@@ -337,20 +383,12 @@ class Sandbox(SandboxBackend):
                 worker.layers = message.get("layers", {})
                 worker.state, worker.failed_starts = "up", 0
             elif op == "result" and worker.inflight and message.get("id") == worker.inflight[0]:
-                results[worker.inflight.popleft()] = self._to_result(message)
+                index = worker.inflight.popleft()
+                results[index] = to_result(message, jobs[index])
                 if worker.inflight and jobs is not None:
                     worker.deadline = self._deadline(jobs[worker.inflight[0]])
 
-    @staticmethod
-    def _to_result(message: dict[str, Any]) -> SandboxResult:
-        status = message["status"]
-        return SandboxResult(passed=status == "ok", num_passed=int(message["num_passed"]),
-                             num_tests=int(message["num_tests"]), status=status,
-                             stderr_tail=message.get("stderr_tail", ""), duration_s=float(message["duration_s"]),
-                             stdout_tail=message.get("stdout_tail", ""))
-
-    def _died(self, worker: ForkServerProcess, results: list | None, jobs: list | None, queue: deque | None,
-              why: str) -> None:
+    def _died(self, worker: ForkServerProcess, results: Any, jobs: Any, queue: deque | None, why: str) -> None:
         """Restart ``worker``; its running job gets an ``error`` result, the jobs queued behind it go back."""
         inflight = list(worker.inflight)
         worker.inflight.clear()
@@ -360,9 +398,8 @@ class Sandbox(SandboxBackend):
         if inflight and results is not None and jobs is not None:
             running, waiting = inflight[0], inflight[1:]
             tail = worker.log_tail(600)
-            results[running] = SandboxResult.error(f"{why}; the job did not finish and the server was restarted"
-                                                   + (f". Server log: {tail}" if tail else ""),
-                                                   len(jobs[running].tests))
+            results[running] = failed(jobs[running], f"{why}; the job did not finish and the server was restarted"
+                                       + (f". Server log: {tail}" if tail else ""))
             if queue is not None:
                 queue.extendleft(reversed(waiting))
 
@@ -384,10 +421,14 @@ class Sandbox(SandboxBackend):
         return [w.proc.pid for w in self._workers if w.proc is not None]
 
     def close(self) -> None:
-        """Stop every fork server and delete the sandbox's folder. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Stop every fork server and delete the sandbox's folder; submitted jobs not yet done fail. Idempotent."""
+        with self._stream_lock:
+            if self._closed:
+                return
+            self._closed = True
+            stream = self._stream
+        if stream is not None:
+            stream.close()
         with self._lock:
             for worker in self._workers:
                 worker.stop()
@@ -395,3 +436,4 @@ class Sandbox(SandboxBackend):
 
     def __enter__(self) -> Sandbox:
         return self
+

@@ -19,6 +19,10 @@ stdin. For each job it:
 4. has ``verdict`` check the reported secrets and decide the status, reads the output tails, deletes the
    folder and writes one result frame.
 
+A ``{"mode": "script"}`` job (``rlvr.sandbox.ScriptJob``) is confined the same way but runs a whole program with
+``script``: its stdin comes from the job, its files and program are written into its folder once Landlock holds, and
+its result is its exit status, the head of its output and the files asked back.
+
 What it is not: a security boundary against the trainer, nor usable from the package (it is a script);
 the trainer side (pool, restarts, result objects) lives in ``executor``.
 """
@@ -53,6 +57,7 @@ def _load(name: str):
 protocol = _load("protocol")
 confine = _load("confine")
 harness = _load("harness")
+script = _load("script")
 verdict = _load("verdict")
 
 
@@ -204,7 +209,8 @@ class Server:
 
     # -- one job -----------------------------------------------------------------------------------------------
     def run(self, job: dict) -> dict:
-        tests = list(job.get("tests", ()))
+        scripted = job.get("mode") == "script"
+        tests = [] if scripted else list(job.get("tests", ()))
         timeout = float(job["timeout"])
         job_dir = os.path.join(self.jobs_root, os.urandom(12).hex())
         try:
@@ -218,6 +224,8 @@ class Server:
         job_secrets = {"pass": [pool[16 * i:16 * i + 16] for i in range(len(tests))], "end": pool[-32:-16],
                        "setup": pool[-16:]}
         limits = dict(self.limits, cpu_s=max(1, int(timeout + 0.999)))
+        if job.get("memory_bytes"):  # a job may ask for less memory than the pool's limit, never more
+            limits["memory_bytes"] = min(int(job["memory_bytes"]), self.limits["memory_bytes"])
         started = time.monotonic()
         try:
             pid = os.fork()
@@ -241,17 +249,20 @@ class Server:
             verdict.force_rmtree(job_dir)
             raise
         duration = time.monotonic() - started
+        if scripted:
+            return self._script_result(job, timeout, report, how, exit_info, duration, setup_secret, job_dir)
         return self._judge(job, tests, timeout, report, how, exit_info, duration, expected, end_secret,
                            setup_secret, job_dir)
 
     def _child(self, job: dict, job_dir: str, report_fd: int, limits: dict, job_secrets: dict) -> None:
         """Confine this freshly forked process and run the harness; never returns."""
+        scripted, program, step = job.get("mode") == "script", "", "confine"
         try:
             os.setsid()
-            null = os.open("/dev/null", os.O_RDONLY)
+            stdin = script.stdin_fd(job.get("stdin")) if scripted else os.open("/dev/null", os.O_RDONLY)
             out = os.open(self.stdout_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             err = os.open(self.stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            for fd, target in ((null, 0), (out, 1), (err, 2)):
+            for fd, target in ((stdin, 0), (out, 1), (err, 2)):
                 os.dup2(fd, target)
                 os.close(fd)
             os.chdir(job_dir)
@@ -263,6 +274,10 @@ class Server:
                 self.landlock.apply(job_dir)
             os.closerange(3, report_fd)  # the Landlock path descriptors, the server's leftovers
             os.closerange(report_fd + 1, 1 << 20)
+            if scripted:  # as the job's uid, under Landlock and the rlimits: a file can land in its folder only
+                step = "write the program and its files"
+                program = script.stage(job, job_dir)
+                step = "confine"
             if self.seccomp is not None:
                 self.seccomp.apply()
             os.environ["HOME"] = os.environ["TMPDIR"] = job_dir  # the rest was set once in the server
@@ -270,11 +285,14 @@ class Server:
             job.clear()
         except BaseException as exc:
             try:
-                os.write(2, f"[sandbox] could not confine the job, so it did not run: {exc!r}\n".encode())
+                os.write(2, f"[sandbox] could not {step} the job, so it did not run: {exc!r}\n".encode())
                 os.write(report_fd, harness.SETUP_FAILED + job_secrets["setup"])
             finally:
                 os._exit(_SETUP_FAILED_EXIT)
         try:
+            if scripted:
+                os.close(report_fd)  # nothing to report: the exit status is the result
+                script.run(code, program)
             harness.run(setup_code, code, tests, job_secrets, report_fd)
         finally:
             os._exit(1)  # never fall back into the server's code in a job process
@@ -389,6 +407,28 @@ class Server:
         except OSError as exc:
             stderr_tail += f"[sandbox] could not delete the job folder {job_dir}: {exc}\n"
         return self._result(job, status, len(found.passed), stderr_tail, duration, stdout_tail, len(tests))
+
+    def _script_result(self, job: dict, timeout: float, report: bytes, how: str, exit_info: tuple[int, float],
+                       duration: float, setup_secret: bytes, job_dir: str) -> dict:
+        """The result frame of a script job: status, return code, the head of its output, the files asked back."""
+        limit = int(job.get("output_bytes", 1 << 20))
+        stdout, stderr = script.read_head(self.stdout_path, limit), script.read_head(self.stderr_path, limit)
+        if verdict.count_reports(report, {}, b"", setup_secret).setup_failed:
+            status, return_code, notes, files = script.ERROR, None, [], {}
+        else:
+            status, return_code, notes = script.outcome(how, exit_info[0], exit_info[1], timeout, self.disk_watch)
+            files, fetch_notes = script.fetch(job_dir, list(job.get("fetch_files", ())),
+                                              int(self.limits.get("file_bytes") or 16 << 20))
+            notes += fetch_notes
+        if notes:
+            stderr += "\n" if stderr and not stderr.endswith("\n") else ""
+            stderr += "".join(f"[sandbox] {note}\n" for note in notes)
+        try:
+            verdict.force_rmtree(job_dir)
+        except OSError as exc:
+            stderr += f"[sandbox] could not delete the job folder {job_dir}: {exc}\n"
+        return {"op": "result", "id": job.get("id"), "status": status, "return_code": return_code, "stdout": stdout,
+                "stderr": stderr, "duration_s": duration, "files": files}
 
     @staticmethod
     def _result(job: dict, status: str, num_passed: int, stderr_tail: str, duration: float, stdout_tail: str,

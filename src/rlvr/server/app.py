@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from tinker import types
 
 import rlvr
+from rlvr.engine.train.optim import check_params_for, kind_of_config, kind_of_params
 from rlvr.errors import ConfigurationError, RlvrError, RunInterrupted
 from rlvr.server import wire
 from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
@@ -183,9 +184,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> JSONResponse:
         req = wire.parse_json(types.CreateModelRequest, await request.body())
-        if req.optimizer_config.type != "adamw":
-            raise wire.BadRequest(f"optimizer_config.type={req.optimizer_config.type!r}: rlvr trains with AdamW only; "
-                                  "leave optimizer unset")
+        kind_of_config(req.optimizer_config)  # an optimizer rlvr lacks is refused here, with a 400 naming it
         lora = req.lora_config or types.LoraConfig(rank=32)
         session = state.session(req.session_id, owner(request))
         entry = state.add_model(session, req.model_seq_id, req.base_model, req.user_metadata)
@@ -193,7 +192,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         def job(entry: Any = entry) -> Future:
             state.bind(entry, state.service.create_lora_training_client(
                 req.base_model, rank=lora.rank, seed=lora.seed, train_mlp=lora.train_mlp, train_attn=lora.train_attn,
-                train_unembed=lora.train_unembed))
+                train_unembed=lora.train_unembed, optimizer=req.optimizer_config))
             return done(types.CreateModelResponse(model_id=entry.model_id))
 
         request_id, future = entry.sequencer.submit(0, state.futures.new_id(), job)
@@ -229,9 +228,10 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         body = await request.body()
         with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
             req = wire.parse_json(types.OptimStepRequest, body)
-            if not isinstance(req.optim_params, types.AdamParams):
-                raise wire.BadRequest(f"optim_params type {getattr(req.optim_params, 'type', '?')!r}: rlvr takes "
-                                      "AdamParams only")
+            kind_of_params(req.optim_params)  # neither AdamParams nor DimuonParams: a 400 naming both
+            bound = state.model(req.model_id, owner(request)).client
+            if bound is not None:  # the other optimizer's params: a 400 now (else the step's future fails)
+                check_params_for(bound.get_info().optimizer_config.type, req.optim_params)
             return sequenced(request, req.model_id, req.seq_id,
                              lambda e: chain(state.trainer(e).optim_step(req.optim_params), lambda r: r))
 
@@ -301,6 +301,11 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         with refusal_frees_seq_id(request, lambda: wire.json_position(body)):
             req = wire.parse_json(types.LoadWeightsRequest, body)
             catalog.sweep()  # an expired checkpoint is gone, not loadable
+            if req.optimizer_config is not None and (req.optimizer or req.session_id is None):
+                raise wire.BadRequest("load_weights: optimizer_config chooses the optimizer of a new model loaded "
+                                      "without optimizer state; a load with optimizer state keeps the checkpoint's, "
+                                      "and an existing model keeps its own, so leave optimizer_config unset")
+            kind_of_config(req.optimizer_config)
             if req.session_id is not None:  # Create-via-load: a new model whose first request is this load.
                 if req.model_seq_id is None:
                     raise wire.BadRequest("load_weights with session_id needs model_seq_id")
@@ -308,9 +313,12 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
                 entry = state.add_model(session, req.model_seq_id, req.base_model, req.user_metadata)
 
                 def create(entry: Any = entry) -> Future:
-                    make = (state.service.create_training_client_from_state_with_optimizer if req.optimizer
-                            else state.service.create_training_client_from_state)
-                    state.bind(entry, make(req.path))
+                    if req.optimizer:  # the checkpoint's optimizer and its state
+                        client = state.service.create_training_client_from_state_with_optimizer(req.path)
+                    else:
+                        client = state.service.create_training_client_from_state(req.path,
+                                                                                 optimizer=req.optimizer_config)
+                    state.bind(entry, client)
                     return done(types.LoadWeightsResponse(path=req.path, model_id=entry.model_id))
 
                 request_id, future = entry.sequencer.submit(0, state.futures.new_id(), create)
