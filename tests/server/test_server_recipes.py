@@ -28,6 +28,7 @@ moves fails at learning rate 0 (measured; see ``docs/server.md``).
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,14 @@ TOOL_RENDERER = "qwen3_instruct"
 MAX_KL = 1e-3  # sampler against trainer logprobs of the same tokens under the same weights (float32 on tiny: ~1e-7)
 ANSWER = 3  # every local GSM8K problem's answer
 WARM_ROWS, WARM_STEPS, WARM_LR = 4, 20, 1e-2  # rl_loop's supervised warm start (``_warm_start``)
+RL_LOOP_SEED = 0  # the warm start's LoRA and every rl_loop sampling request are seeded from it (``_seeded_samples``)
 DPO_PAIRS, DPO_STEPS, DPO_LR = 48, 6, 1e-2
 MIN_DPO_DROP = 0.05  # DPO loss (nats) and margin, first two steps against the last two
 DISTILL_STEPS, DISTILL_LR, STUDENT_STEPS = 12, 5e-3, 10
 MAX_KL_LEFT = 0.5  # the last three steps' mean teacher_kl, as a share of the first step's
 GUESS_TURNS = 3  # guess_number's turns a game (10 in the recipe)
-RL_LOOP_STEPS, RL_LOOP_LR = 10, 1e-3
-MIN_REWARD_RISE = 0.2  # rl_loop's 0/1 reward, first three steps against the last three
+RL_LOOP_STEPS, RL_LOOP_LR, RL_LOOP_BATCH = 10, 1e-3, 4
+MIN_FINAL_REWARD = 0.7  # rl_loop's 0/1 reward over its last three steps (warm start alone: 0.44-0.52; trained: 0.79+)
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."  # rl_loop's question suffix
 FEWSHOT = [  # rl_loop's few-shot prefix, so that its warm start sees the prompts the recipe renders
     {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
@@ -156,9 +158,10 @@ def test_sl_basic_on_a_local_conversation_file_train_nll_falls(recipes, tmp_path
     assert len(nll) == SL_STEPS and _rise(nll) < -MIN_NLL_DROP, f"sl_basic's train NLL did not fall: {nll}"
 
 
-def _supervised_state(server, conversations: list[list[dict[str, str]]], name: str, steps: int = WARM_STEPS) -> str:
-    """A LoRA on ``tiny`` trained for ``steps`` cross-entropy steps on the last reply of each conversation,
-    saved through the server; its ``tinker://`` state path."""
+def _supervised_state(server, conversations: list[list[dict[str, str]]], name: str, steps: int = WARM_STEPS,
+                      seed: int | None = None) -> str:
+    """A LoRA on ``tiny`` (its initial weights drawn from ``seed``) trained for ``steps`` cross-entropy steps on the
+    last reply of each conversation, saved through the server; its ``tinker://`` state path."""
     import tinker
     from tinker_cookbook import renderers
     from tinker_cookbook.renderers import TrainOnWhat
@@ -168,7 +171,7 @@ def _supervised_state(server, conversations: list[list[dict[str, str]]], name: s
     datums = [conversation_to_datum(convo, renderer, None, TrainOnWhat.LAST_ASSISTANT_MESSAGE)
               for convo in conversations]
     service = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
-    training = service.create_lora_training_client(base_model="tiny", rank=8).result()
+    training = service.create_lora_training_client(base_model="tiny", rank=8, seed=seed).result()
     for _ in range(steps):
         training.forward_backward(datums, "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=WARM_LR))
@@ -183,31 +186,66 @@ def _warm_start(server, log_path: Path) -> None:
     state_path = _supervised_state(server, [
         [*FEWSHOT, {"role": "user", "content": row["question"] + SUFFIX},
          {"role": "assistant", "content": f"\\boxed{{{ANSWER + i % 2}}}"}]
-        for i, row in enumerate(_gsm8k_rows(WARM_ROWS))], "warm_start")
+        for i, row in enumerate(_gsm8k_rows(WARM_ROWS))], "warm_start", seed=RL_LOOP_SEED)
     log_path.mkdir(parents=True)
     (log_path / "checkpoints.jsonl").write_text(json.dumps({"name": "warm_start", "batch": 0,
                                                             "state_path": state_path}) + "\n")
 
 
-def test_rl_loop_reward_rises_from_a_warm_start_with_its_default_loss(recipes, tmp_path):
+def _seeded_samples(monkeypatch) -> None:
+    """Give the n-th ``SamplingClient.sample`` request without a seed the seed ``RL_LOOP_SEED * 2**20 + n`` (rl_loop
+    sends no seed, and sends its requests one after another from one thread, so n is the same from run to run). The
+    server decodes a seeded request the same whatever is batched beside it, so the run's samples, and so its rewards,
+    depend neither on the order its concurrent requests arrive in nor on what ran before it on the shared server."""
+    import tinker
+
+    unseeded = tinker.SamplingClient.sample
+    calls = itertools.count()
+
+    def sample(self, prompt, num_samples, sampling_params, *args, **kwargs):
+        if sampling_params.seed is None:
+            sampling_params = sampling_params.model_copy(update={"seed": RL_LOOP_SEED * 2**20 + next(calls)})
+        return unseeded(self, prompt, num_samples, sampling_params, *args, **kwargs)
+
+    monkeypatch.setattr(tinker.SamplingClient, "sample", sample)
+
+
+def _warm_problems_only(monkeypatch) -> None:
+    """rl_loop's GSM8K is the warm start's own ``WARM_ROWS`` problems, over and over: each batch of four is the four
+    problems the warm start answers 3 or 4 to about equally often. (On later, unseen problems the warm start's
+    answers drift off the format, and the reward falls whatever the learning rate, 0 included.)"""
+    rows = _gsm8k_rows(WARM_ROWS) * (RL_LOOP_STEPS * RL_LOOP_BATCH // WARM_ROWS)
+    load_dataset = datasets.load_dataset  # the recipes fixture's local one
+
+    def warm_load_dataset(path: str, *args: Any, **kwargs: Any) -> Any:
+        if path == "openai/gsm8k":
+            return datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)})
+        return load_dataset(path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", warm_load_dataset)
+
+
+def test_rl_loop_reward_rises_from_a_warm_start_with_its_default_loss(recipes, tmp_path, monkeypatch):
     """``recipes/rl_loop.py`` with its default loss (stable_reinforce) on local GSM8K-format problems, resumed from
     a supervised warm start (``_warm_start``) that answers ``\\boxed{3}`` (right) or ``\\boxed{4}`` (wrong) about
-    equally often: the reward rises over ten steps (typically 0.45 -> 0.9), the final state and sampler checkpoints
-    are written and load back through the server. With ``learning_rate=0`` the reward stays near 0.5 and the same
-    assertion fails."""
+    equally often, on the warm start's own problems (``_warm_problems_only``) with seeded samples
+    (``_seeded_samples``): over ten steps the reward rises from about 0.5 to over 0.85 (the last three steps' mean;
+    0.79-0.95 over seeds 0-19), the final state and sampler checkpoints are written and load back through the server.
+    With ``learning_rate=0`` the last three steps average 0.44-0.52 and the same assertion fails."""
     import tinker
     from tinker_cookbook.recipes import rl_loop
 
+    _seeded_samples(monkeypatch)
+    _warm_problems_only(monkeypatch)
     log_path = tmp_path / "rl_loop"
     _warm_start(recipes, log_path)
-    config = rl_loop.Config(base_url=recipes.base_url, log_path=str(log_path), model_name="tiny", batch_size=4,
-                            group_size=8, learning_rate=RL_LOOP_LR, max_tokens=20, save_every=0,
-                            max_steps=RL_LOOP_STEPS, ttl_seconds=None)
+    config = rl_loop.Config(base_url=recipes.base_url, log_path=str(log_path), model_name="tiny",
+                            batch_size=RL_LOOP_BATCH, group_size=8, learning_rate=RL_LOOP_LR, max_tokens=20,
+                            save_every=0, max_steps=RL_LOOP_STEPS, ttl_seconds=None)
     assert config.loss_fn == "stable_reinforce"  # the recipe's default, kept
     rl_loop.main(config)
     reward = _metric(log_path, "reward/total")
-    rise = _rise(reward, window=3)
-    assert len(reward) == RL_LOOP_STEPS and rise > MIN_REWARD_RISE, f"rl_loop's reward did not rise: {reward}"
+    assert len(reward) == RL_LOOP_STEPS and np.mean(reward[-3:]) > MIN_FINAL_REWARD, f"rl_loop did not learn: {reward}"
     final = json.loads((log_path / "checkpoints.jsonl").read_text().splitlines()[-1])
     assert final["name"] == "final" and final["state_path"].startswith("tinker://"), final
     service = tinker.ServiceClient(base_url=recipes.base_url, api_key=recipes.api_key)
