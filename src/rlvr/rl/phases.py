@@ -157,8 +157,8 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
                 run_dir / "config.yaml")
     tokenizer = training_client.get_tokenizer()
     with contextlib.ExitStack() as stack:
-        if hasattr(service, "close"):  # Ray: its actors end with the run, a stopped or failed one too
-            stack.callback(service.close)
+        if hasattr(service, "close"):  # Ray: the actors of a stopped or failed run end with it; a finished run's
+            stack.push(_close_on_error(service.close))  # stay up for the client it returns
         if isinstance(source, RLDataset):
             rollouts: Rollouts = EnvRollouts(source, tokenizer, config)
         else:
@@ -178,6 +178,16 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
                       rollout_log, rng, start_step,
                       types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress,
                       stop, show_evaluation)
+
+
+def _close_on_error(close: Callable[[], None]) -> Callable[..., bool]:
+    """An exit callback for ``ExitStack.push`` that calls ``close`` when the block ends by an exception (a stop
+    included), and lets the exception go on."""
+    def exit_(exc_type: type[BaseException] | None, *_: Any) -> bool:
+        if exc_type is not None:
+            close()
+        return False
+    return exit_
 
 
 def held_out(run: LoopRun, what: str) -> dict[str, float]:
