@@ -13,11 +13,11 @@ from rlvr.errors import CheckpointError, CheckpointNotFoundError
 ADAM = types.AdamParams(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=5.0)
 
 
-def steps(tc, n):
+def steps(tc, n, params: types.AdamParams | types.DimuonParams = ADAM):
     data = [ce_datum([3, 1, 4, 1, 5, 9, 2, 6]), ce_datum([2, 7, 1, 8, 2, 8])]
     for _ in range(n):
         tc.forward_backward(data, "cross_entropy")
-        tc.optim_step(ADAM)
+        tc.optim_step(params)
     return tc.parameters()
 
 
@@ -110,38 +110,30 @@ def test_sampler_weights_cannot_resume_an_optimizer(service):
 DIMUON = types.DimuonParams(learning_rate=3e-2, beta1=0.8, grad_clip_norm=5.0)
 
 
-def dimuon_steps(tc, n):
-    data = [ce_datum([3, 1, 4, 1, 5, 9, 2, 6]), ce_datum([2, 7, 1, 8, 2, 8])]
-    for _ in range(n):
-        tc.forward_backward(data, "cross_entropy")
-        tc.optim_step(DIMUON)
-    return tc.parameters()
-
-
 def test_a_dimuon_resume_keeps_the_optimizer_and_equals_an_uninterrupted_run(service):
     original = service.create_lora_training_client("tiny", rank=8, seed=31, optimizer=types.DimuonOptimizerConfig())
-    dimuon_steps(original, 2)  # the running averages are non-zero at the save
+    steps(original, 2, DIMUON)  # the running averages are non-zero at the save
     path = original.save_state("dimuon-mid").result().path
     assert json.loads((checkpoint.resolve(path) / "rlvr.json").read_text())["optimizer"] == {
         "type": "dimuon", "version": 1}
     resumed = service.create_training_client_from_state_with_optimizer(path)
     assert resumed.get_info().optimizer_config == types.DimuonOptimizerConfig()
-    a, b = dimuon_steps(original, 3), dimuon_steps(resumed, 3)
+    a, b = steps(original, 3, DIMUON), steps(resumed, 3, DIMUON)
     assert all(torch.equal(a[k], b[k]) for k in a)
     reloaded = service.create_lora_training_client("tiny", rank=8, seed=99, optimizer=types.DimuonOptimizerConfig())
     reloaded.load_state_with_optimizer(path).result()
-    c = dimuon_steps(reloaded, 3)
+    c = steps(reloaded, 3, DIMUON)
     assert all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_a_dimuon_resume_without_its_averages_differs(service):
     """The control for the test above: weights only, with a fresh Dimuon (zero averages), end elsewhere."""
     original = service.create_lora_training_client("tiny", rank=8, seed=31, optimizer=types.DimuonOptimizerConfig())
-    dimuon_steps(original, 2)
+    steps(original, 2, DIMUON)
     path = original.save_state("dimuon-mid2").result().path
     fresh = service.create_training_client_from_state(path, optimizer=types.DimuonOptimizerConfig())
     assert fresh.get_info().optimizer_config == types.DimuonOptimizerConfig()
-    a, b = dimuon_steps(original, 3), dimuon_steps(fresh, 3)
+    a, b = steps(original, 3, DIMUON), steps(fresh, 3, DIMUON)
     assert any(not torch.equal(a[k], b[k]) for k in a)
     assert service.create_training_client_from_state(path).get_info().optimizer_config == types.AdamOptimizerConfig()
 
