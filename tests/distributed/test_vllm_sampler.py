@@ -12,6 +12,7 @@ the loop's freshness check.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from types import SimpleNamespace
@@ -248,10 +249,10 @@ def test_a_replica_on_old_weights_fails_the_freshness_check(trained) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")  # before Ray starts for nothing
 def test_the_loop_runs_on_vllm_samplers(ray_cluster, tmp_path) -> None:
     """The RL loop, unchanged, with its rollouts sampled by a vLLM replica in a Ray actor: every publication passes
     the freshness probe and the adapter trains."""
-    pytest.importorskip("vllm")
     from rlvr.rl.loop import DistributedConfig, LoopConfig, train
     from rlvr.tasks import ArithmeticSource
 

@@ -2,8 +2,8 @@
 alike: every float of metrics.jsonl (timings aside) and the final adapter weights, with one metrics row per step.
 
 Each run is a fresh Python process (its own hash seed, kernel timing and thread start-up), on this machine's default
-kernels (RLVR_MATMUL unset). The fast tests train the tiny model on SayA; the slow ones SmolLM2-135M as ``rlvr train``
-does, as briefly as shows the point (8 steps, 2 problems of 4 samples, 4 tokens).
+kernels (RLVR_MATMUL unset). These train the tiny model (SayA, and the rpn recipe with a warm-up);
+``test_determinism_smollm2.py`` does the same for SmolLM2-135M as ``rlvr train`` runs it.
 """
 
 import os
@@ -184,16 +184,6 @@ def test_two_processes_train_tiny_alike(tmp_path):
 
 def test_a_killed_and_resumed_tiny_run_equals_the_uninterrupted_one(tmp_path):
     check_kill_and_resume(tmp_path, _TINY, "run", 6)
-
-
-@pytest.mark.slow
-def test_two_processes_train_smollm2_alike(tmp_path):
-    check_two_processes(tmp_path, _SMOLLM2, "", 8)
-
-
-@pytest.mark.slow
-def test_a_killed_and_resumed_smollm2_run_equals_the_uninterrupted_one(tmp_path):
-    check_kill_and_resume(tmp_path, _SMOLLM2, "", 8)
 
 
 @pytest.fixture(scope="module")

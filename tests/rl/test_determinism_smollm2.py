@@ -1,0 +1,45 @@
+"""Same seed, same run on SmolLM2-135M as ``rlvr train`` runs it, as briefly as shows the point (8 steps, 2 problems of
+4 samples, 4 tokens, checkpoints every 2 steps): a second process ends bit for bit like the first, and a run killed
+(SIGKILL) inside its second checkpoint's write resumes to the same end. One uninterrupted run serves both.
+
+Every kill point (after a checkpoint, inside one, at a random moment) is shown on tiny in ``test_determinism.py``;
+what a kill can break is the run's bookkeeping, which is the same for every model, so here the real model goes
+through the hardest one: the write of the state a resume would read.
+"""
+
+import signal
+from pathlib import Path
+
+import pytest
+from test_determinism import _SMOLLM2, assert_same_run, run_process
+
+from rlvr.rl.checkpoints import last_checkpoint
+
+STEPS = 8
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The uninterrupted run that the others are compared with."""
+    out = tmp_path_factory.mktemp("smollm2") / "straight"
+    done = run_process(_SMOLLM2, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_two_processes_train_smollm2_alike(straight, tmp_path):
+    done = run_process(_SMOLLM2, tmp_path / "b")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(straight, tmp_path / "b", STEPS)
+
+
+def test_a_smollm2_run_killed_inside_a_checkpoint_write_resumes_to_the_uninterrupted_one(straight, tmp_path):
+    out = tmp_path / "killed"
+    killed = run_process(_SMOLLM2, out, die="inside_second_checkpoint")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert last_checkpoint(out)["step"] == 2  # the second checkpoint (step 4) never completed
+    done = run_process(_SMOLLM2, out, resume=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(straight, out, STEPS)
