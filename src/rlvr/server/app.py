@@ -40,10 +40,11 @@ import rlvr
 from rlvr.engine.train.optim import check_params_for, kind_of_config, kind_of_params
 from rlvr.errors import ConfigurationError, RlvrError, RunInterrupted
 from rlvr.server import wire
-from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
+from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys, principal_of
 from rlvr.server.catalog import Catalog
 from rlvr.server.openai import openai_routes
 from rlvr.server.rest import add_rest_routes
+from rlvr.server.signing import DEFAULT_LIFETIME_S, UrlSigner, load_secret
 from rlvr.server.state import Gone, SeqIdRefused, ServerState, UnknownId, chain, done
 
 __all__ = ["create_app", "serve"]
@@ -60,17 +61,23 @@ has just closed (uvicorn's default of 5 s makes the SDK see connection errors an
 
 def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path | None = None,
                service: rlvr.ServiceClient | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               long_poll_s: float = 25.0, compress_fwdbwd: bool = True, gap_timeout_s: float = 10.0) -> FastAPI:
+               long_poll_s: float = 25.0, compress_fwdbwd: bool = True, gap_timeout_s: float = 10.0,
+               url_lifetime_s: float = DEFAULT_LIFETIME_S) -> FastAPI:
     """The ASGI app serving Tinker's protocol on ``service`` (default: a ``rlvr.ServiceClient()`` on the shared engine).
 
     ``api_keys`` / ``keys_file``: accepted keys (default ``$RLVR_API_KEY`` / ``$RLVR_API_KEYS_FILE``), each ``tml-...``.
     ``long_poll_s``: how long ``/retrieve_future`` waits for a result before answering ``try_again`` (the SDK gives up
     on a poll after 45 s). ``compress_fwdbwd``: ask the SDK to zstd-compress forward_backward bodies.
+    ``url_lifetime_s``: how long the signed download URLs of ``get_external_weights_urls`` hold (signed with the
+    secret in ``$RLVR_HOME/server/url-signing.key``, made on first use).
     """
+    from rlvr.home import rlvr_home
+
     keys = load_api_keys(api_keys, keys_file)
     if not 0 < long_poll_s < 45:
         raise ConfigurationError(f"long_poll_s={long_poll_s} must be in (0, 45): the tinker SDK abandons a "
                                  "retrieve_future poll after 45 s")
+    signer = UrlSigner(load_secret(rlvr_home() / "server"), {principal_of(k) for k in keys}, url_lifetime_s)
     state = ServerState(service, gap_timeout_s=gap_timeout_s)
     catalog = Catalog(state)
     @contextlib.asynccontextmanager
@@ -79,8 +86,9 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         state.close()
 
     app = FastAPI(title="rlvr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.add_middleware(AdmissionMiddleware, api_keys=keys, max_body_bytes=max_body_bytes)
+    app.add_middleware(AdmissionMiddleware, api_keys=keys, max_body_bytes=max_body_bytes, signer=signer)
     app.state.rlvr = state
+    app.state.url_signer = signer
     tokenizer_dirs: dict[str, str] = {}
     tokenizer_lock = threading.Lock()
 
@@ -405,7 +413,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
 
     # -- training runs, checkpoints, sessions (RestClient) ----------------------------------------------------------
 
-    add_rest_routes(app, state, catalog, owner)
+    add_rest_routes(app, state, catalog, owner, signer)
 
     # -- OpenAI-compatible sampling (/v1/models, /v1/completions, /v1/chat/completions) ---------------------------
 
