@@ -23,7 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -31,6 +33,8 @@ import torch
 from tinker import types
 from tinker.lib.api_future_impl import QueueState
 from tinker.lib.public_interfaces.api_future import APIFuture
+
+from rlvr.home import checkpoint_root
 
 PROMPT_S = 1.0
 """How soon the next call on a client must return after any row, beyond twice the time of the same call made right
@@ -442,6 +446,17 @@ def check_ttl(w: Walk, value: Any) -> None:
     assert listed(w, w.flagged).expires_at is not None  # type: ignore[attr-defined]
 
 
+def check_signed_urls(w: Walk, out: Any) -> None:
+    """The URLs download with a plain HTTP client (no key), byte for byte; a tampered one is refused (403)."""
+    url = out.urls["adapter_model.safetensors"]
+    _, _, _, _, run, _, kind, name, _, file = urlsplit(url).path.split("/")  # /api/v1/training_runs/<run>/...
+    got = httpx.get(url, timeout=30)
+    assert got.status_code == 200, got.text
+    assert got.content == (checkpoint_root() / run / kind / name / file).read_bytes()
+    tampered = httpx.get(url.replace("signature=", "signature=0"), timeout=30)
+    assert tampered.status_code == 403 and "ask for a fresh URL" in tampered.json()["detail"], tampered.text
+
+
 def check_run(w: Walk, run: Any) -> None:
     assert (run.base_model, run.lora_rank, run.is_lora) == ("tiny", 4, True)
 
@@ -463,7 +478,7 @@ REST: dict[str, Row] = {
                                  r"get_billing_usage is not supported: rlvr serve does no billing"),
     "get_current_checkpoint_storage_usage": Works(call(), lambda w, u: u.data[0].size_bytes > 0 or pytest.fail(u)),
     "get_external_weights_urls": Works(lambda w: ((w.tc.save_weights_external(w.name("walk-url")).result().path,), {}),
-                                       lambda w, out: "adapter_model.safetensors" in out.urls or pytest.fail(out)),
+                                       check_signed_urls, "signed: a plain HTTP client downloads them without the key"),
     "get_sampler": Works(sampler_id_args, lambda w, out: out.base_model == "tiny" or pytest.fail(out)),
     "get_server_capabilities": Works(call(), check_capabilities),
     "get_session": Works(lambda w: ((w.session_id,), {}),
