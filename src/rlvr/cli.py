@@ -256,6 +256,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you mean otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
     keys_file: str = typer.Option(None, help="File with one API key per line (else $RLVR_API_KEY)."),
+    url_lifetime: int = typer.Option(3600, help="Seconds the signed checkpoint download URLs hold."),
 ) -> None:
     """Serve the Tinker wire protocol: point the tinker SDK at it with TINKER_BASE_URL=http://HOST:PORT. SIGTERM
     or Ctrl-C stop taking requests, let the ones in flight finish and exit (a second Ctrl-C: at once)."""
@@ -263,7 +264,8 @@ def serve(
         from rlvr.server import serve as run
     except ImportError as exc:
         raise typer.BadParameter(f"rlvr serve needs the server extra: pip install 'rlvr[server]' ({exc})") from exc
-    run(host=host, port=port, keys_file=keys_file)  # SIGTERM, Ctrl-C: RunInterrupted once shut down
+    # SIGTERM, Ctrl-C: RunInterrupted once shut down
+    run(host=host, port=port, keys_file=keys_file, url_lifetime_s=url_lifetime)
 
 
 sandbox_app = typer.Typer(help="The code sandbox for code rewards.", no_args_is_help=True)

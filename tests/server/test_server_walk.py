@@ -396,7 +396,10 @@ SAMPLING: dict[str, Row] = {
     "get_telemetry": Works(call(), sdk_local((object, type(None))), "the SDK's own telemetry object; no request"),
     "get_tokenizer": SdkCannot(call(), r"offline|huggingface\.co", "SDK 0.38 loads a sampler's tokenizer from the "
                                "Hugging Face hub by the base model's name, and rlvr's names (tiny, smollm2-135m) are "
-                               "not hub repositories; TrainingClient.get_tokenizer gets the server's tokenizer folder"),
+                               "not hub repositories: it fails in this walk's process, whose hub is huggingface.co "
+                               "(offline). A process started with HF_ENDPOINT=<server>/hf and HF_TOKEN=<key> gets "
+                               "the engine's tokenizer from the server (test_server_tokenizer.py); "
+                               "TrainingClient.get_tokenizer needs neither"),
     "on_queue_state_change": Works(call(QueueState.PAUSED_CAPACITY, "walk"), sdk_local(None),
                                    "the SDK's callback for queue states rlvr never reports; logs only"),
     "sample": Works(call(types.ModelInput.from_ints(PROMPT), 3, PARAMS), check_sample),

@@ -33,6 +33,8 @@ KEY_PREFIX = "tml-"
 ENV_KEY = "RLVR_API_KEY"
 ENV_KEYS_FILE = "RLVR_API_KEYS_FILE"
 OPEN_PATHS = frozenset({"/api/v1/healthz"})
+HUB_PREFIX = "/hf"
+"""Where the hub-shaped tokenizer routes live (``hub.py``): a refusal there names ``HF_TOKEN``."""
 OPENAI_PREFIX = "/v1/"
 """Where the OpenAI-compatible routes live (``openai.py``): refusals there use OpenAI's error shape."""
 
@@ -119,6 +121,8 @@ class AdmissionMiddleware:
             reason = ("missing API key: send it in the X-API-Key header or as Authorization: Bearer <key> (the tinker "
                       "SDK sends it from api_key= or $TINKER_API_KEY, the openai client from api_key=)" if missing
                       else "invalid API key: it is not one of the server's keys")
+            if scope["path"].startswith(HUB_PREFIX + "/"):
+                reason += "; the Hugging Face hub client sends $HF_TOKEN, so set HF_TOKEN to the rlvr API key"
             await _reply(send, scope["path"], 401, reason)
             return
         length = headers.get(b"content-length")
