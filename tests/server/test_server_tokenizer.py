@@ -92,6 +92,8 @@ def test_hub_view_is_per_key_and_needs_the_key(server, service):
     other = app.get("/hf/api/models/tiny", headers=theirs)
     assert other.status_code == 404 and other.headers["x-error-code"] == "RepoNotFound"
     assert "create a sampling client on the model first" in other.json()["error"]
+    odd = app.get("/hf/api/models/caf\u00e9", headers=mine)  # a name no header may hold as it is
+    assert odd.status_code == 404 and odd.headers["x-error-code"] == "RepoNotFound"
     unknown = app.get("/hf/api/models/Qwen/Qwen3-8B", headers=mine)
     assert unknown.status_code == 404 and unknown.headers["x-error-code"] == "RepoNotFound"
     assert "'Qwen/Qwen3-8B'" in unknown.json()["error"] and "(tiny)" in unknown.json()["error"]

@@ -44,6 +44,7 @@ class TokenizerFolders:
 
     def __init__(self) -> None:
         self._folders: dict[str, Path] = {}
+        self._listings: dict[str, tuple[dict[str, Path], str]] = {}
         self._lock = threading.Lock()
 
     def folder(self, name: str, tokenizer: Callable[[], Any]) -> Path:
@@ -58,9 +59,15 @@ class TokenizerFolders:
                 self._folders[name] = folder
             return self._folders[name]
 
-
-def _files(folder: Path) -> dict[str, Path]:
-    return {str(f.relative_to(folder)): f for f in sorted(folder.rglob("*")) if f.is_file()}
+    def listing(self, name: str, tokenizer: Callable[[], Any]) -> tuple[dict[str, Path], str]:
+        """The files of ``name``'s tokenizer folder (relative name -> path) and their commit id, computed once: this
+        server writes the folder once."""
+        folder = self.folder(name, tokenizer)
+        with self._lock:
+            if name not in self._listings:
+                files = {str(f.relative_to(folder)): f for f in sorted(folder.rglob("*")) if f.is_file()}
+                self._listings[name] = files, _commit(files)
+            return self._listings[name]
 
 
 def _commit(files: dict[str, Path]) -> str:
@@ -72,7 +79,9 @@ def _commit(files: dict[str, Path]) -> str:
 
 
 def _not_found(code: str, message: str) -> Response:
-    return JSONResponse({"error": message}, status_code=404, headers={"X-Error-Code": code, "X-Error-Message": message})
+    """A 404 as the hub answers it: the hub client reads ``X-Error-Code`` (and shows ``X-Error-Message``)."""
+    header = re.sub(r"[^\x20-\x7e]", "?", message)  # a header holds printable ASCII only, whatever the path held
+    return JSONResponse({"error": message}, status_code=404, headers={"X-Error-Code": code, "X-Error-Message": header})
 
 
 def add_hub_routes(app: FastAPI, state: ServerState, folders: TokenizerFolders,
@@ -83,10 +92,10 @@ def add_hub_routes(app: FastAPI, state: ServerState, folders: TokenizerFolders,
         """The caller's base model names (as the SDK may spell them) -> how to get each one's tokenizer."""
         who = owner(request)
         found: dict[str, Callable[[], Any]] = {}
-        for sampler in state.samplers.values():
+        for sampler in list(state.samplers.values()):  # a copy: other threads add samplers
             if sampler.owner == who:
                 found.setdefault(sampler.base_model, sampler.client.get_tokenizer)
-        for model in state.models.values():
+        for model in list(state.models.values()):
             if model.owner == who and model.client is not None and model.base_model:
                 found.setdefault(model.base_model, model.client.get_tokenizer)
         return found
@@ -99,15 +108,13 @@ def add_hub_routes(app: FastAPI, state: ServerState, folders: TokenizerFolders,
                                               f"tokenizers of the base models of your samplers and training clients "
                                               f"({', '.join(sorted(models)) or 'none yet'}): create a sampling client "
                                               "on the model first")
-        files = _files(folders.folder(unaliased(name), models[name]))
-        return files, _commit(files)
+        return folders.listing(unaliased(name), models[name])
 
     @app.api_route(HUB_PREFIX + "/{rest:path}", methods=["GET", "HEAD"])
     def hub(rest: str, request: Request) -> Response:  # a plain function: FastAPI runs it off the event loop
         if rest.startswith("api/models/"):
-            match = re.fullmatch(r"api/models/(.+?)(?:/(tree|revision)/([^/]+)(?:/(.*))?)?", rest)
-            assert match is not None  # the pattern takes any text after api/models/
-            repo, kind, _, sub = match.groups()
+            match = re.fullmatch(r"api/models/(.+?)(?:/(tree|revision)/([^/]+)(?:/(.*))?)?", rest, re.DOTALL)
+            repo, kind, _, sub = match.groups() if match else (rest, None, None, None)
             found = repository(request, repo)
             if isinstance(found, Response):
                 return found
@@ -121,7 +128,7 @@ def add_hub_routes(app: FastAPI, state: ServerState, folders: TokenizerFolders,
                                      for n, f in inside.items()])
             return JSONResponse({"id": repo, "modelId": repo, "sha": commit, "private": False, "tags": [],
                                  "siblings": [{"rfilename": n} for n in files]})
-        match = re.fullmatch(r"(.+?)/resolve/([^/]+)/(.+)", rest)
+        match = re.fullmatch(r"(.+?)/resolve/([^/]+)/(.+)", rest, re.DOTALL)
         if match is None:
             return _not_found("EntryNotFound", f"rlvr serve's hub view serves model info, file listings and "
                                                f"tokenizer files only, not /hf/{rest}")
