@@ -7,10 +7,10 @@ result (protobuf for forward_backward and sample, JSON otherwise).
 
 Status codes: 400 malformed body or a request rlvr rejects (message names the field and the fix), 401 bad or missing
 key (``auth.py``), 403 an expired or altered signed download URL (``signing.py``), 404 unknown id or route, 410
-finished session, 413 body too large. A failure inside one request is
-reported on that request's future only; the server keeps serving everyone else. A request refused with a 4xx before it
-was queued frees its ``seq_id`` at once (``Sequencer.refuse``): the SDK does not resend it, and the model's next
-request must not wait out the gap timeout for it.
+finished session, 413 body too large. A failure inside one request is reported on that request's future only; the
+server keeps serving everyone else. A request refused with a 4xx before it was queued frees its ``seq_id`` at once
+(``Sequencer.refuse``): the SDK does not resend it, and the model's next request must not wait out the gap timeout
+for it.
 
 Not here: body formats (``wire.py``), sessions/ordering (``state.py``), keys and size limits (``auth.py``), the
 RestClient routes (``rest.py``), what a run or checkpoint is (``catalog.py``), signed download URLs (``signing.py``),
