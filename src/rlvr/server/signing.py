@@ -32,6 +32,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode
 
 from rlvr.errors import ConfigurationError
+from rlvr.fileio import storage_errors
 
 __all__ = ["DEFAULT_LIFETIME_S", "DOWNLOAD_PATH", "SECRET_FILE", "SignatureRefused", "UrlSigner", "load_secret"]
 
@@ -61,20 +62,21 @@ def load_secret(folder: Path) -> bytes:
     The file appears atomically (a complete temporary file hard-linked into place), and a server that finds one
     written meanwhile by another on the same home uses that one, so both sign alike."""
     path = folder / SECRET_FILE
-    if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{SECRET_FILE}.", suffix=".tmp")  # mkstemp creates 0600
-        try:
-            os.write(fd, secrets.token_hex(_SECRET_BYTES).encode() + b"\n")
-            os.fsync(fd)
-            os.close(fd)
+    with storage_errors("write", path):  # a full or read-only disk: a StorageError naming the file and the fix
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{SECRET_FILE}.", suffix=".tmp")  # made 0600
             try:
-                os.link(temp, path)  # fails if the file exists: never replaces a secret already in use
-            except FileExistsError:
-                pass
-        finally:
-            os.unlink(temp)
-    text = path.read_text().strip()
+                os.write(fd, secrets.token_hex(_SECRET_BYTES).encode() + b"\n")
+                os.fsync(fd)
+                os.close(fd)
+                try:
+                    os.link(temp, path)  # fails if the file exists: never replaces a secret already in use
+                except FileExistsError:
+                    pass
+            finally:
+                os.unlink(temp)
+        text = path.read_text().strip()
     try:
         secret = bytes.fromhex(text)
     except ValueError:
