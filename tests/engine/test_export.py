@@ -1,0 +1,249 @@
+"""Exports of a trained checkpoint: a merged folder and a PEFT adapter that transformers and peft load to rlvr's own
+logits, a GGUF file that reads back (gguf's reader, rlvr's loader, llama.cpp where installed), atomic writes and
+errors that name the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from datums import ce_datum
+from rlvr import types
+from rlvr.engine import checkpoint
+from rlvr.engine import export as export_module
+from rlvr.engine.export import export_checkpoint
+from rlvr.engine.models.random_models import small_config, write_model_folder
+from rlvr.errors import CheckpointNotFoundError, ConfigurationError
+
+TOKENS = [5, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 257, 258, 3, 9]
+
+
+def train(service, base_model: str, name: str, steps: int = 3):
+    """A LoRA on ``base_model`` trained a few steps at a high rate (its update is far from zero), saved as
+    ``name``; returns (client, state path)."""
+    tc = service.create_lora_training_client(base_model=base_model, rank=4, seed=5)
+    data = [ce_datum(TOKENS), ce_datum([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5])]
+    for _ in range(steps):
+        tc.forward_backward(data, "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    return tc, tc.save_state(name).result().path
+
+
+def rlvr_logprobs(service, tc, name: str) -> np.ndarray:
+    """The trained weights' log-probabilities of TOKENS[1:], computed by rlvr's sampler."""
+    path = tc.save_weights_for_sampler(name).result().path
+    logprobs = service.create_sampling_client(model_path=path).compute_logprobs(
+        types.ModelInput.from_ints(TOKENS)).result()
+    return np.array(logprobs[1:], dtype=np.float64)
+
+
+def hf_logprobs(model: torch.nn.Module) -> np.ndarray:
+    with torch.no_grad():
+        logits = model(torch.tensor([TOKENS])).logits.float()[0, :-1]  # (T-1, V)
+    logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(TOKENS[1:])[:, None])[:, 0]
+    return logprobs.double().numpy()
+
+
+@pytest.fixture(scope="module")
+def trained(service):
+    tc, path = train(service, "tiny", "export-me")
+    return path, rlvr_logprobs(service, tc, "export-me-sampler")
+
+
+def base_logprobs(base_model: str = "tiny") -> np.ndarray:
+    from rlvr.engine.models.load import load_base_model
+
+    return hf_logprobs(load_base_model(base_model).model)
+
+
+# --- merged folder -------------------------------------------------------------------------------------------------
+
+def test_a_merged_folder_loads_in_transformers_to_rlvrs_logits(trained, tmp_path):
+    path, expected = trained
+    assert np.abs(expected - base_logprobs()).max() > 1e-2  # the adapter moved the model: the merge is not a no-op
+    out = export_checkpoint(path, merged=tmp_path / "merged")
+    assert out.merged == tmp_path / "merged"
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    np.testing.assert_allclose(hf_logprobs(model), expected, atol=1e-4)
+    files = {p.name for p in (tmp_path / "merged").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= files
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    assert "<|im_start|>assistant" in tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+                                                                   tokenize=False, add_generation_prompt=True)
+    # tiny ties its output layer to the embedding, and the LoRA changed the output layer alone
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["tie_word_embeddings"] is False
+
+
+def test_the_test_fails_when_the_merge_is_skipped(trained, tmp_path, monkeypatch):
+    path, expected = trained
+
+    def unmerged(folder, base_model):
+        from rlvr.engine.models.load import load_base_model
+
+        loaded = load_base_model(base_model)
+        return loaded.model, loaded.tokenizer
+
+    monkeypatch.setattr(export_module, "merged_model", unmerged)
+    export_checkpoint(path, merged=tmp_path / "merged")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    assert np.abs(hf_logprobs(model) - expected).max() > 1e-2
+
+
+def test_a_merged_folder_in_bfloat16(trained, tmp_path):
+    path, expected = trained
+    export_checkpoint(path, merged=tmp_path / "bf16", dtype="bfloat16")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert model.dtype == torch.bfloat16
+    np.testing.assert_allclose(hf_logprobs(model), expected, atol=0.1)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_merged_folder_of_a_base_folder_keeps_its_dtype(service, tmp_path, arch):
+    base = write_model_folder(small_config(arch), tmp_path / "base", seed=2, dtype=torch.bfloat16)
+    tc, path = train(service, str(base), f"export-{arch}")
+    expected = rlvr_logprobs(service, tc, f"export-{arch}-sampler")
+    export_checkpoint(path, merged=tmp_path / "merged")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "merged").dtype == torch.bfloat16
+    export_checkpoint(path, merged=tmp_path / "merged32", dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "merged32")
+    np.testing.assert_allclose(hf_logprobs(model), expected, atol=1e-4)
+
+
+# --- adapter -------------------------------------------------------------------------------------------------------
+
+def test_an_adapter_loads_with_peft_onto_the_base_to_rlvrs_logits(trained, tmp_path):
+    from peft import PeftModel
+
+    path, expected = trained
+    export_checkpoint(path, adapter=tmp_path / "lora")
+    assert {p.name for p in (tmp_path / "lora").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    base_folder = Path(config["base_model_name_or_path"])
+    assert (base_folder / "config.json").exists()  # tiny has no hub id: the folder rlvr saved it to
+    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, tmp_path / "lora")
+    np.testing.assert_allclose(hf_logprobs(model), expected, atol=1e-4)
+
+
+# --- GGUF ----------------------------------------------------------------------------------------------------------
+
+def test_a_gguf_reads_back_with_the_types_written_and_loads_in_rlvr(service, trained, tmp_path):
+    path, expected = trained
+    out = export_checkpoint(path, gguf=tmp_path / "model.gguf")
+    reader = gguf.GGUFReader(out.gguf)
+    tensors = {t.name: t for t in reader.tensors}
+    assert tensors["token_embd.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+    assert tensors["output.weight"].tensor_type == gguf.GGMLQuantizationType.F16  # untied: the LoRA changed it
+    assert tensors["blk.0.attn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert list(tensors["blk.2.ffn_down.weight"].shape) == [256, 96]  # gguf lists the shape fastest axis first
+    assert len(tensors) == 2 + 1 + 3 * 9  # embedding, output, final norm; 7 matrices and 2 norms per layer
+    # rlvr's own loader: base_model=<file.gguf>
+    reloaded = service.create_sampling_client(base_model=str(out.gguf))
+    logprobs = reloaded.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    np.testing.assert_allclose(np.array(logprobs[1:]), expected, atol=2e-2)
+    tokenizer = reloaded.get_tokenizer()
+    assert tokenizer.encode("héllo <|im_end|>", add_special_tokens=False) == \
+        service.create_sampling_client(base_model="tiny").get_tokenizer().encode("héllo <|im_end|>",
+                                                                              add_special_tokens=False)
+    assert "<|im_start|>" in (tokenizer.chat_template or "")
+
+
+def test_q8_0_dequantizes_close_to_the_merged_weights(trained, tmp_path):
+    path, _ = trained
+    export_checkpoint(path, gguf=tmp_path / "q8.gguf", gguf_type="q8_0")
+    from rlvr.engine.export import merged_model
+
+    folder, meta = checkpoint.read_meta(path)
+    model, _ = merged_model(folder, meta["base_model"])
+    weights = model.state_dict()
+    tensors = {t.name: t for t in gguf.GGUFReader(tmp_path / "q8.gguf").tensors}
+    for gguf_name, hf_name in (("blk.1.ffn_up.weight", "model.layers.1.mlp.up_proj.weight"),
+                               ("output.weight", "lm_head.weight"), ("blk.0.attn_v.weight",
+                                                                     "model.layers.0.self_attn.v_proj.weight")):
+        tensor = tensors[gguf_name]
+        assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        reference = weights[hf_name].numpy()
+        assert values.shape == reference.shape
+        assert np.abs(values - reference).max() <= np.abs(reference).max() / 127 + 1e-6
+
+
+def test_greedy_tokens_equal_in_llama_cpp(trained, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path, _ = trained
+    export_checkpoint(path, gguf=tmp_path / "f32.gguf", gguf_type="f32")
+    export_checkpoint(path, merged=tmp_path / "merged")
+    llm = llama_cpp.Llama(str(tmp_path / "f32.gguf"), n_ctx=64, verbose=False)
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").generate(
+        torch.tensor([TOKENS[:6]]), max_new_tokens=8, do_sample=False)[0, 6:].tolist()
+    theirs = []
+    for token in llm.generate(TOKENS[:6], temp=0.0):
+        theirs.append(token)
+        if len(theirs) == len(ours):
+            break
+    assert theirs == ours
+
+
+def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused_naming_the_fix(trained, tmp_path, monkeypatch):
+    from tokenizers import Tokenizer, models
+
+    path, _ = trained
+    real = export_module.merged_model
+
+    def sentencepiece_like(folder, base_model):
+        model, tokenizer = real(folder, base_model)
+        tokenizer._tokenizer = Tokenizer(models.WordLevel({"a": 0}, unk_token="a"))
+        return model, tokenizer
+
+    monkeypatch.setattr(export_module, "merged_model", sentencepiece_like)
+    with pytest.raises(ConfigurationError, match="not a byte-level BPE.*--merged.*convert_hf_to_gguf"):
+        export_checkpoint(path, gguf=tmp_path / "model.gguf")
+    assert not (tmp_path / "model.gguf").exists() and list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+# --- destinations and errors ---------------------------------------------------------------------------------------
+
+def test_nothing_asked_for_is_an_error_naming_the_options(trained):
+    with pytest.raises(ConfigurationError, match="merged=.*adapter=.*gguf="):
+        export_checkpoint(trained[0])
+
+
+def test_a_missing_checkpoint_is_an_error_naming_the_path(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match="rlvr://nope/weights/x"):
+        export_checkpoint("rlvr://nope/weights/x", adapter=tmp_path / "a")
+
+
+def test_a_non_empty_destination_needs_force(trained, tmp_path):
+    path, _ = trained
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigurationError, match="not empty.*--force"):
+        export_checkpoint(path, adapter=tmp_path / "taken")
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+    (tmp_path / "m.gguf").write_text("old")
+    with pytest.raises(ConfigurationError, match="exists.*--force"):
+        export_checkpoint(path, gguf=tmp_path / "m.gguf")
+    export_checkpoint(path, adapter=tmp_path / "taken", force=True)
+    assert not (tmp_path / "taken" / "keep.txt").exists()
+    assert (tmp_path / "taken" / "adapter_model.safetensors").exists()
+
+
+def test_a_failed_write_leaves_the_destination_as_it_was(trained, tmp_path, monkeypatch):
+    path, _ = trained
+    export_checkpoint(path, adapter=tmp_path / "lora")
+    before = (tmp_path / "lora" / "adapter_config.json").read_text()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module.shutil, "copyfile", full_disk)
+    with pytest.raises(OSError):
+        export_checkpoint(path, adapter=tmp_path / "lora", force=True)
+    assert (tmp_path / "lora" / "adapter_config.json").read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lora"]  # no temporary folder left beside it
