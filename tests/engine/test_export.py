@@ -247,3 +247,51 @@ def test_a_failed_write_leaves_the_destination_as_it_was(trained, tmp_path, monk
         export_checkpoint(path, adapter=tmp_path / "lora", force=True)
     assert (tmp_path / "lora" / "adapter_config.json").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lora"]  # no temporary folder left beside it
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+def test_a_gguf_of_each_architecture_loads_in_rlvr_to_the_merged_logits(service, tmp_path, arch):
+    base = write_model_folder(small_config(arch), tmp_path / "base", seed=4)
+    tc, path = train(service, str(base), f"gguf-{arch}")
+    expected = rlvr_logprobs(service, tc, f"gguf-{arch}-sampler")
+    export_checkpoint(path, gguf=tmp_path / "model.gguf", gguf_type="f32")
+    assert gguf.GGUFReader(tmp_path / "model.gguf").get_field("general.architecture").contents() == arch
+    reloaded = service.create_sampling_client(base_model=str(tmp_path / "model.gguf"))
+    logprobs = reloaded.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    np.testing.assert_allclose(np.array(logprobs[1:]), expected, atol=1e-4)  # f32: the same weights
+
+
+def test_a_bpe_tokenizer_with_merges_and_a_split_regex_reads_back_the_same(tmp_path):
+    """Qwen2's tokenizer shape (a Split by its regex, byte-level BPE with merges, special and added tokens) written
+    to GGUF encodes text as the original does when transformers reads it back."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlvr.engine.models.gguf_write import QWEN2_SPLIT, gguf_tokenizer, write_gguf
+    from rlvr.engine.models.load import convert_gguf
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                              use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    text = ["hello world, hello there", "the quick brown fox jumps over the lazy dog 12345", "héllo wörld"] * 20
+    backend.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, initial_alphabet=
+                                                          pre_tokenizers.ByteLevel.alphabet(),
+                                                          special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                          "<|im_end|>"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>",
+                                        eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.add_tokens(["<think>"])
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    meta = gguf_tokenizer(tokenizer, "qwen2", vocab_size=len(tokenizer) + 3)
+    assert meta["pre"] == "qwen2" and meta["merges"] and meta["tokens"][-1] == f"[PAD{len(tokenizer) + 2}]"
+    config = small_config("qwen2", vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    state = AutoModelForCausalLM.from_config(config).state_dict()
+    write_gguf(tmp_path / "bpe.gguf", config, tokenizer, state,
+               lambda name, values: (values, gguf.GGMLQuantizationType.F32))
+    back = AutoTokenizer.from_pretrained(convert_gguf(tmp_path / "bpe.gguf", tmp_path / "converted"))
+    assert len(tokenizer.encode("hello world", add_special_tokens=False)) < 4  # the merges are used
+    for sample in ["hello world, hello there!", "the lazy fox 123456 <think> héllo<|im_end|>", "  two  spaces\n"]:
+        assert back.encode(sample, add_special_tokens=False) == tokenizer.encode(sample, add_special_tokens=False)
