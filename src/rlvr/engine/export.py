@@ -42,7 +42,8 @@ from rlvr.errors import ConfigurationError
 from rlvr.fileio import atomic_folder
 from rlvr.model_names import ALIASES
 
-__all__ = ["DTYPES", "GGUF_TYPES", "Exported", "export_checkpoint", "merged_model"]
+__all__ = ["DTYPES", "GGUF_TYPES", "Exported", "base_reference", "export_checkpoint", "merged_model",
+           "write_adapter", "write_adapter_config"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The dtypes a merged folder is written in (``dtype``; None: the base model's)."""
@@ -136,13 +137,19 @@ def _untie_output(model: PreTrainedModel) -> None:
 
 def write_adapter(folder: Path, target: Path, base_model: str) -> Path:
     """The checkpoint's adapter as a PEFT adapter folder at ``target`` (see the module docstring)."""
-    config = json.loads((folder / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = base_reference(base_model)
-    config["task_type"] = "CAUSAL_LM"  # peft then loads it as PeftModelForCausalLM, as vLLM expects
     with atomic_folder(target, action="write adapter") as tmp:
         shutil.copyfile(folder / "adapter_model.safetensors", tmp / "adapter_model.safetensors")
-        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        write_adapter_config(folder / "adapter_config.json", tmp / "adapter_config.json", base_model)
     return target
+
+
+def write_adapter_config(source: Path, target: Path, base_model: str) -> None:
+    """A checkpoint's ``adapter_config.json`` (``source``) as other tools want it, written to ``target``: the base
+    model named where they can find it (:func:`base_reference`), and the task a causal LM's."""
+    config = json.loads(source.read_text())
+    config["base_model_name_or_path"] = base_reference(base_model)
+    config["task_type"] = "CAUSAL_LM"  # peft then loads it as PeftModelForCausalLM, as vLLM expects
+    target.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def base_reference(base_model: str) -> str:

@@ -5,7 +5,12 @@ an ASGI middleware that, before any route runs or any body byte is read, answers
 ``X-API-Key`` (or ``Authorization: Bearer``) and 413 to a body over the limit (under ``/v1/``, in OpenAI's error
 shape). A rejected request touches no state.
 Each accepted request carries a principal (a digest of its key) in ``scope["state"]["principal"]``, so sessions,
-models and futures stay private to the key that made them.
+models and futures stay private to the key that made them, and a ``scope["state"]["sign"]`` that signs a download
+URL with that key (:func:`sign`). A GET of a checkpoint's file (``/api/v1/training_runs/.../files/...``) is also
+admitted without a key when its query carries ``expires`` and a ``signature`` one of the keys made for that path and
+time: the download URLs ``get_external_weights_urls`` hands out, which tools such as tinker-cookbook's
+``weights.download`` fetch with a plain HTTP GET, as they fetch Tinker's signed URLs. A key's URLs stop working when
+the server stops accepting the key.
 
 Not here: routes (``app.py``), session state (``state.py``).
 """
@@ -16,18 +21,22 @@ import hashlib
 import hmac
 import json
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from rlvr.errors import ConfigurationError
 
-__all__ = ["AdmissionMiddleware", "load_api_keys", "principal_of"]
+__all__ = ["AdmissionMiddleware", "load_api_keys", "principal_of", "sign", "signed_query"]
 
 KEY_PREFIX = "tml-"
 ENV_KEY = "RLVR_API_KEY"
 ENV_KEYS_FILE = "RLVR_API_KEYS_FILE"
 OPEN_PATHS = frozenset({"/api/v1/healthz"})
+SIGNED_PREFIX = "/api/v1/training_runs/"
+"""Where a signed URL admits a GET without a key: a checkpoint's files (``.../files/<file>``), nothing else."""
 OPENAI_PREFIX = "/v1/"
 """Where the OpenAI-compatible routes live (``openai.py``): refusals there use OpenAI's error shape."""
 
@@ -69,12 +78,24 @@ def principal_of(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def sign(key: str, path: str, expires: int) -> str:
+    """The signature that admits a GET of ``path`` until ``expires`` (Unix seconds) on behalf of ``key``."""
+    return hmac.new(key.encode(), f"GET {path} {expires}".encode(), hashlib.sha256).hexdigest()
+
+
+def signed_query(key: str, path: str, expires: int) -> str:
+    """The query string of a signed URL of ``path``: ``expires=...&signature=...``."""
+    return f"expires={expires}&signature={sign(key, path, expires)}"
+
+
 class AdmissionMiddleware:
     """ASGI middleware: 401 without a valid key, 413 for a body over ``max_body_bytes``, else pass through."""
 
     def __init__(self, app: Any, api_keys: Iterable[str], max_body_bytes: int) -> None:
         self.app = app
+        api_keys = list(api_keys)
         self._keys = [k.encode() for k in api_keys]
+        self._by_principal = {principal_of(k): k for k in api_keys}
         self.max_body_bytes = max_body_bytes
 
     def _check_key(self, headers: dict[bytes, bytes]) -> str | None:
@@ -96,6 +117,8 @@ class AdmissionMiddleware:
             return
         headers = dict(scope.get("headers") or [])
         principal = self._check_key(headers)
+        if principal is None and b"x-api-key" not in headers and b"authorization" not in headers:
+            principal = self._check_signature(scope)
         if principal is None:
             missing = b"x-api-key" not in headers and b"authorization" not in headers
             reason = ("missing API key: send it in the X-API-Key header or as Authorization: Bearer <key> (the tinker "
@@ -114,8 +137,30 @@ class AdmissionMiddleware:
                 await _reply(send, scope["path"], 413, f"request body of {declared} bytes exceeds the server limit of "
                                         f"{self.max_body_bytes} bytes; send fewer datums per request")
                 return
-        scope.setdefault("state", {})["principal"] = principal
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        key = self._by_principal[principal]
+        state["sign"] = lambda path, expires: signed_query(key, path, expires)
         await self.app(scope, _limited(receive, self.max_body_bytes), send)
+
+    def _check_signature(self, scope: dict) -> str | None:
+        """The principal whose key signed this GET of a checkpoint file's URL, if one did and it has not expired."""
+        path = scope["path"]
+        if scope.get("method") != "GET" or not path.startswith(SIGNED_PREFIX) or "/files/" not in path:
+            return None
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        try:
+            expires = int(query["expires"][0])
+            presented = query["signature"][0].encode()
+        except (KeyError, IndexError, ValueError):
+            return None
+        if expires < time.time():
+            return None
+        found = None
+        for key in self._keys:  # every key is tried, so timing does not reveal which one signed
+            if hmac.compare_digest(presented, sign(key.decode("latin-1"), path, expires).encode()):
+                found = principal_of(key.decode("latin-1"))
+        return found
 
 
 class BodyTooLarge(Exception):

@@ -4,7 +4,8 @@ download), sessions, and clear refusals for the calls that have no meaning on a 
 Every checkpoint route names the checkpoint as two path segments, ``{kind}/{name}``, so a sub-resource
 (``.../publish``, ``.../ttl``) never reaches the delete-checkpoint route. Downloads are served by ``rlvr serve``
 itself, behind the API key like every other route: ``.../files/<file>`` one file, ``.../archive`` the whole
-checkpoint as a tar. ``get_external_weights_urls`` answers with the per-file URLs.
+checkpoint as a tar. ``get_external_weights_urls`` answers with the per-file URLs, signed with the caller's key
+(``auth.sign``) so that a plain GET without the key fetches them, as tinker-cookbook's ``weights.download`` does.
 
 Refused (HTTP 400, the message names the SDK method and why): ``copy_weights`` and ``assign_session_project``
 (rlvr has no projects), ``export_session_trace`` (no traces are recorded), ``get_audit_log`` and
@@ -35,7 +36,7 @@ __all__ = ["add_rest_routes"]
 
 URL_LIFETIME = timedelta(days=3650)
 """The ``expires`` given with download URLs of checkpoints without a TTL: the URLs hold as long as the checkpoint
-and the API key do (they are not signed)."""
+and the API key that signed them do."""
 
 REFUSED = {
     ("POST", "/api/v1/copy_weights"): ("RestClient.copy_weights", "rlvr serve has no projects to copy into; "
@@ -126,12 +127,15 @@ def add_rest_routes(app: FastAPI, state: ServerState, catalog: Catalog, owner: C
     async def external_weights_urls(run_id: str, kind: str, name: str, request: Request) -> dict:
         folder = catalog.folder(run_id, kind, name, owner(request))
         run = catalog.run_id(run_id, owner(request))
-        base = f"{str(request.base_url).rstrip('/')}/api/v1/training_runs/{run}/checkpoints/{kind}/{name}/files"
+        route = f"/api/v1/training_runs/{run}/checkpoints/{kind}/{name}/files"
+        base = f"{str(request.base_url).rstrip('/')}{route}"
         expiry = next((c.expires_at for c in catalog.checkpoints(run, owner(request))
                        if c.checkpoint_id == f"{kind}/{name}"), None)
+        expires = expiry or datetime.now(UTC) + URL_LIFETIME
+        sign = request.scope["state"]["sign"]
         return wire.json_body(types.ExternalWeightsUrlsResponse(
-            urls={f: f"{base}/{f}" for f in catalog.files(folder)},
-            expires=expiry or datetime.now(UTC) + URL_LIFETIME))
+            urls={f: f"{base}/{f}?{sign(f'{route}/{f}', int(expires.timestamp()) + 1)}" for f in catalog.files(folder)},
+            expires=expires))
 
     @app.get("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/files/{file:path}")
     async def checkpoint_file(run_id: str, kind: str, name: str, file: str, request: Request) -> Response:
