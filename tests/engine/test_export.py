@@ -295,3 +295,43 @@ def test_a_bpe_tokenizer_with_merges_and_a_split_regex_reads_back_the_same(tmp_p
     assert len(tokenizer.encode("hello world", add_special_tokens=False)) < 4  # the merges are used
     for sample in ["hello world, hello there!", "the lazy fox 123456 <think> héllo<|im_end|>", "  two  spaces\n"]:
         assert back.encode(sample, add_special_tokens=False) == tokenizer.encode(sample, add_special_tokens=False)
+
+
+def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it():
+    from rlvr.engine.models.gguf_write import LLAMA3_SPLIT, _pre_tokenizer_name
+
+    assert _pre_tokenizer_name({"type": "ByteLevel", "use_regex": True}) == "gpt-2"  # SmolLM2, GPT-2
+    assert _pre_tokenizer_name({"type": "ByteLevel", "use_regex": False}) == "default"  # rlvr's byte tokenizer
+    split = {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}}
+    assert _pre_tokenizer_name({"type": "Sequence", "pretokenizers": [split, {"type": "ByteLevel",
+                                                                                "use_regex": False}]}) == "llama-bpe"
+    assert _pre_tokenizer_name({"type": "Metaspace"}) is None  # SentencePiece: refused
+
+
+@pytest.mark.slow
+def test_smollm2_exports_to_a_q8_0_gguf_with_its_tokenizer_and_an_adapter_naming_its_hub_id(service, tmp_path):
+    """The embedded model end to end: SmolLM2's BPE vocabulary (49152 tokens, 48900 merges, GPT-2's split) and chat
+    template go into the GGUF and come back; the Q8_0 file's logprobs are those of the trained model within Q8_0's
+    error."""
+    tc = service.create_lora_training_client(base_model="smollm2-135m", rank=4, seed=1)
+    tokenizer = tc.get_tokenizer()
+    tokens = tokenizer.encode("The capital of France is Paris. 12345 héllo")
+    for _ in range(2):
+        tc.forward_backward([ce_datum(tokens)], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    path = tc.save_state("smollm2-export").result().path
+    sampler = tc.save_weights_for_sampler("smollm2-export-sampler").result().path
+    prompt = types.ModelInput.from_ints(tokens)
+    expected = np.array(service.create_sampling_client(model_path=sampler).compute_logprobs(prompt).result()[1:])
+    export_checkpoint(path, gguf=tmp_path / "smollm2.gguf", gguf_type="q8_0", adapter=tmp_path / "lora")
+    config = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    reloaded = service.create_sampling_client(base_model=str(tmp_path / "smollm2.gguf"))
+    got = np.array(reloaded.compute_logprobs(prompt).result()[1:])
+    assert np.abs(got - expected).mean() < 0.05
+    back = reloaded.get_tokenizer()
+    for text in ["The capital of France is Paris. 12345 héllo", "  x\n\ny <|im_start|>user\nhi<|im_end|>"]:
+        assert back.encode(text, add_special_tokens=False) == tokenizer.encode(text, add_special_tokens=False)
+    chat = [{"role": "user", "content": "hi"}]
+    assert back.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

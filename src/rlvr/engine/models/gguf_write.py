@@ -181,12 +181,13 @@ def gguf_tokenizer(tokenizer: PreTrainedTokenizerBase, architecture: str, vocab_
 
 
 def _pre_tokenizer_name(pre: dict | None) -> str | None:
-    """llama.cpp's name for a tokenizer.json pre-tokenizer: a byte-level one, alone (``default``: GPT-2's split, or
-    none, which one byte per token cannot tell apart) or after a Split by a known regex; None for anything else."""
+    """llama.cpp's name for a tokenizer.json pre-tokenizer: a byte-level one alone (``gpt-2``: GPT-2's split, as
+    SmolLM2's; ``default`` when it splits nothing, as rlvr's byte tokenizer, whose one token per byte any split
+    leaves alone), or after a Split by a known regex; None for anything else."""
     if pre is None:
         return None
     if pre.get("type") == "ByteLevel":
-        return "default"
+        return "gpt-2" if pre.get("use_regex", True) else "default"
     if pre.get("type") != "Sequence":
         return None
     steps = pre.get("pretokenizers") or []
