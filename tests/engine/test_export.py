@@ -335,3 +335,12 @@ def test_smollm2_exports_to_a_q8_0_gguf_with_its_tokenizer_and_an_adapter_naming
     chat = [{"role": "user", "content": "hi"}]
     assert back.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
         tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_gguf_written_with_a_bfloat16_folder_holds_the_float32_merge(trained, tmp_path):
+    path, _ = trained
+    export_checkpoint(path, gguf=tmp_path / "alone.gguf", gguf_type="f32")
+    export_checkpoint(path, gguf=tmp_path / "with.gguf", gguf_type="f32", merged=tmp_path / "bf16", dtype="bfloat16")
+    alone, with_folder = gguf.GGUFReader(tmp_path / "alone.gguf"), gguf.GGUFReader(tmp_path / "with.gguf")
+    for a, b in zip(alone.tensors, with_folder.tensors, strict=True):
+        assert a.name == b.name and np.array_equal(a.data, b.data)

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.engine import checkpoint
 from rlvr.engine.models.gguf_write import Encode, check_architecture, write_gguf
@@ -91,23 +91,21 @@ def export_checkpoint(path: str, *, merged: str | Path | None = None, adapter: s
     if merged is None and gguf is None:
         return Exported(adapter=Path(adapter))
     model, tokenizer = merged_model(folder, base_model)
-    if gguf is not None:
-        check_architecture(model.config)  # before the folder is written: refuse the whole export at once
+    if gguf is not None:  # first, from the float32 weights (the merged folder may be cast down below)
+        check_architecture(model.config)
+        write_gguf(Path(gguf), model.config, tokenizer, model.state_dict(), _encoder(GGUF_TYPES[gguf_type]),
+                   pad_vocab=True)
     if merged is not None:
         target_dtype = DTYPES[dtype] if dtype is not None else base_dtype(base_model)
         with atomic_folder(Path(merged), action="write merged model") as tmp:
             model.to(target_dtype).save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-        model.to(torch.float32)
-    if gguf is not None:
-        write_gguf(Path(gguf), model.config, tokenizer, model.state_dict(), _encoder(GGUF_TYPES[gguf_type]),
-                   pad_vocab=True)
     return Exported(merged=Path(merged) if merged is not None else None,
                     adapter=Path(adapter) if adapter is not None else None,
                     gguf=Path(gguf) if gguf is not None else None)
 
 
-def merged_model(folder: Path, base_model: str) -> tuple[PreTrainedModel, object]:
+def merged_model(folder: Path, base_model: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The base model (float32, on the CPU) with the adapter in checkpoint ``folder`` merged into its weights by
     peft, and its tokenizer. An output layer the adapter changes is untied from the embedding first."""
     from peft import PeftModel
