@@ -137,3 +137,11 @@ def test_no_output_asked_for_names_the_options(run):
 def test_a_bad_dtype_names_the_choices(run, tmp_path):
     result = runner.invoke(app, ["export", str(run[0]), "--merged", str(tmp_path / "m"), "--dtype", "fp8"])
     assert result.exit_code == 2 and "float32" in error_line(result) and "bfloat16" in error_line(result)
+
+
+def test_a_bare_name_is_a_folder_of_runs_first(run, tmp_path, monkeypatch):
+    run_dir, _, paths = run
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mine").symlink_to(run_dir, target_is_directory=True)
+    assert checkpoint_of("mine") == paths[-1]

@@ -6,8 +6,9 @@ as a merged Hugging Face folder, a PEFT adapter folder and/or a GGUF file.
     rlvr.export("runs/arithmetic-20260101-120000", merged="out/model", gguf="out/model.gguf", gguf_type="q8_0")
 
 What ``path`` may be: a checkpoint path (``rlvr://<run>/weights/<name>``, ``.../sampler_weights/<name>``), a
-checkpoint folder, a run folder (its last checkpoint, as ``rlvr eval --checkpoint`` takes it) or a run's name (the
-``<run>`` of its ``rlvr://`` paths: the run folder that owns them, or the newest checkpoint saved under it).
+checkpoint folder, a run folder (its last checkpoint, as ``rlvr eval --checkpoint`` takes it) or a run's name: a
+folder of ``./runs`` (as ``rlvr runs`` lists them), or the ``<run>`` of its ``rlvr://`` paths (the run folder that owns
+them, or the newest checkpoint saved under it).
 
 Not here: the model work, merging and writing files (``rlvr.engine.export``).
 """
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from rlvr.engine.export import Exported
 
 __all__ = ["checkpoint_of", "export"]
+
+RUNS = Path("runs")
+"""Where ``rlvr train`` puts run folders by default (``out=runs/<recipe>-<time>``): a bare name is looked up there."""
 
 
 def export(path: str | Path, *, merged: str | Path | None = None, adapter: str | Path | None = None,
@@ -55,6 +59,8 @@ def checkpoint_of(path: str | Path) -> str:
     if Path(text).is_dir():
         return resolve_checkpoint(text)  # a run folder: its last checkpoint (or an error saying it has none)
     if "/" not in text and text:
+        if (RUNS / text).is_dir():  # a folder name `rlvr runs` lists
+            return resolve_checkpoint(RUNS / text)
         named = checkpoint_root() / text
         if named.is_symlink() and named.exists():  # a run folder owns it: the run's last checkpoint
             return resolve_checkpoint(named.resolve().parent)

@@ -203,8 +203,8 @@ def test_a_tokenizer_that_is_not_byte_level_bpe_is_refused_naming_the_fix(traine
 
     monkeypatch.setattr(export_module, "merged_model", sentencepiece_like)
     with pytest.raises(ConfigurationError, match="not a byte-level BPE.*--merged.*convert_hf_to_gguf"):
-        export_checkpoint(path, gguf=tmp_path / "model.gguf")
-    assert not (tmp_path / "model.gguf").exists() and list(tmp_path.iterdir()) == []  # nothing half-written
+        export_checkpoint(path, gguf=tmp_path / "model.gguf", adapter=tmp_path / "lora", merged=tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []  # refused before any of the three was written
 
 
 # --- destinations and errors ---------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from gguf import GGMLQuantizationType
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.engine import checkpoint
-from rlvr.engine.models.gguf_write import Encode, check_architecture, write_gguf
+from rlvr.engine.models.gguf_write import Encode, check_architecture, gguf_tokenizer, write_gguf
 from rlvr.engine.models.load import canonical_name, load_base_model, model_folder
 from rlvr.errors import ConfigurationError
 from rlvr.fileio import atomic_folder
@@ -86,13 +86,15 @@ def export_checkpoint(path: str, *, merged: str | Path | None = None, adapter: s
         _check_file(Path(gguf), force)
     folder, meta = checkpoint.read_meta(path)
     base_model = meta["base_model"]
+    model = tokenizer = None
+    if merged is not None or gguf is not None:
+        model, tokenizer = merged_model(folder, base_model)
+    if gguf is not None:  # a GGUF rlvr would refuse is refused before anything is written
+        check_architecture(model.config)
+        gguf_tokenizer(tokenizer, model.config.model_type)
     if adapter is not None:
         write_adapter(folder, Path(adapter), base_model)
-    if merged is None and gguf is None:
-        return Exported(adapter=Path(adapter))
-    model, tokenizer = merged_model(folder, base_model)
-    if gguf is not None:  # first, from the float32 weights (the merged folder may be cast down below)
-        check_architecture(model.config)
+    if gguf is not None:  # from the float32 weights, before the merged folder casts them
         write_gguf(Path(gguf), model.config, tokenizer, model.state_dict(), _encoder(GGUF_TYPES[gguf_type]),
                    pad_vocab=True)
     if merged is not None:
