@@ -56,6 +56,31 @@ def trained(service):
     return path, rlvr_logprobs(service, tc, "export-me-sampler")
 
 
+def bpe_tokenizer():
+    """A byte-level BPE tokenizer shaped as Qwen2's (a Split by its regex, merges, special and added tokens), trained
+    on a few sentences."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlvr.engine.models.gguf_write import QWEN2_SPLIT
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                              use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    text = ["hello world, hello there", "the quick brown fox jumps over the lazy dog 12345", "héllo wörld"] * 20
+    backend.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, initial_alphabet=
+                                                          pre_tokenizers.ByteLevel.alphabet(),
+                                                          special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                          "<|im_end|>"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>",
+                                        eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.add_tokens(["<think>"])
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    return tokenizer
+
+
 def base_logprobs(base_model: str = "tiny") -> np.ndarray:
     from rlvr.engine.models.load import load_base_model
 
@@ -174,16 +199,23 @@ def test_q8_0_dequantizes_close_to_the_merged_weights(trained, tmp_path):
         assert np.abs(values - reference).max() <= np.abs(reference).max() / 127 + 1e-6
 
 
-def test_greedy_tokens_equal_in_llama_cpp(trained, tmp_path):
+def test_greedy_tokens_equal_in_llama_cpp(service, tmp_path):
+    """llama.cpp wants a BPE vocabulary's merges (the byte tokenizer has none), so the model here has a trained BPE
+    tokenizer with Qwen2's split."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    path, _ = trained
-    export_checkpoint(path, gguf=tmp_path / "f32.gguf", gguf_type="f32")
-    export_checkpoint(path, merged=tmp_path / "merged")
-    llm = llama_cpp.Llama(str(tmp_path / "f32.gguf"), n_ctx=64, verbose=False)
+    tokenizer = bpe_tokenizer()
+    config = small_config("qwen2", vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    base = write_model_folder(config, tmp_path / "base", seed=6)
+    tokenizer.save_pretrained(base)
+    _, path = train(service, str(base), "llama-cpp")
+    export_checkpoint(path, gguf=tmp_path / "f32.gguf", gguf_type="f32", merged=tmp_path / "merged")
+    prompt = tokenizer.encode("hello world, the quick", add_special_tokens=False)
     ours = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").generate(
-        torch.tensor([TOKENS[:6]]), max_new_tokens=8, do_sample=False)[0, 6:].tolist()
+        torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None)[0, len(prompt):].tolist()
+    llm = llama_cpp.Llama(str(tmp_path / "f32.gguf"), n_ctx=64, verbose=False)
     theirs = []
-    for token in llm.generate(TOKENS[:6], temp=0.0):
+    for token in llm.generate(prompt, temp=0.0, top_k=1, repeat_penalty=1.0):
         theirs.append(token)
         if len(theirs) == len(ours):
             break
@@ -264,26 +296,10 @@ def test_a_gguf_of_each_architecture_loads_in_rlvr_to_the_merged_logits(service,
 def test_a_bpe_tokenizer_with_merges_and_a_split_regex_reads_back_the_same(tmp_path):
     """Qwen2's tokenizer shape (a Split by its regex, byte-level BPE with merges, special and added tokens) written
     to GGUF encodes text as the original does when transformers reads it back."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from rlvr.engine.models.gguf_write import QWEN2_SPLIT, gguf_tokenizer, write_gguf
+    from rlvr.engine.models.gguf_write import gguf_tokenizer, write_gguf
     from rlvr.engine.models.load import convert_gguf
 
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
-                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                              use_regex=False)])
-    backend.decoder = decoders.ByteLevel()
-    text = ["hello world, hello there", "the quick brown fox jumps over the lazy dog 12345", "héllo wörld"] * 20
-    backend.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, initial_alphabet=
-                                                          pre_tokenizers.ByteLevel.alphabet(),
-                                                          special_tokens=["<|endoftext|>", "<|im_start|>",
-                                                                          "<|im_end|>"]))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>",
-                                        eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tokenizer.add_tokens(["<think>"])
-    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    tokenizer = bpe_tokenizer()
     meta = gguf_tokenizer(tokenizer, "qwen2", vocab_size=len(tokenizer) + 3)
     assert meta["pre"] == "qwen2" and meta["merges"] and meta["tokens"][-1] == f"[PAD{len(tokenizer) + 2}]"
     config = small_config("qwen2", vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,

@@ -8,7 +8,9 @@
 - The tokenizer is written for byte-level BPE vocabularies (GPT-2's alphabet: Qwen2/Qwen3, Llama 3, SmolLM2, rlvr's
   byte tokenizer): tokens, merges, token types, special ids, the pre-tokenizer's name and the chat template.
   A tokenizer of another kind (SentencePiece, as Llama 2 has) is refused, naming the fix, rather than written in a
-  form that would split text differently.
+  form that would split text differently. A vocabulary without merges (rlvr's byte tokenizer, one token per byte) is
+  written with scores instead, as GGUF holds no empty list: transformers and rlvr read it, llama.cpp does not (it
+  wants the merges of a BPE vocabulary).
 
 Not here: which type each tensor gets and how it is quantized beyond the ``gguf`` package's quantizer (the callers:
 ``random_models.write_gguf_file`` for test files, ``engine.export`` for trained models), reading GGUF files
