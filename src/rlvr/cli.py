@@ -248,6 +248,30 @@ def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedde
         typer.echo(f"ready: {ensure_smollm2()}")
 
 
+@app.command()
+@_errors_told
+def export(
+    path: str = typer.Argument(..., help="A run folder or run name (its last checkpoint), or a checkpoint "
+                                         "(rlvr://<run>/weights/<name>, or its folder)."),
+    merged: str = typer.Option(None, "--merged", help="Write a Hugging Face folder with the LoRA merged into the "
+                                                      "base weights (transformers, vLLM)."),
+    adapter: str = typer.Option(None, "--adapter", help="Write a PEFT adapter folder (peft, vLLM's LoRA serving)."),
+    gguf: str = typer.Option(None, "--gguf", help="Write the merged model as a GGUF file (llama.cpp, Ollama)."),
+    dtype: str = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 for --merged (default: the "
+                                                    "base model's)."),
+    gguf_type: str = typer.Option("f16", "--gguf-type", help="f16, bf16, q8_0 or f32: the GGUF file's matrices."),
+    force: bool = typer.Option(False, "--force", help="Replace a destination that exists."),
+) -> None:
+    """Take a trained model out: a merged Hugging Face folder, a PEFT adapter and/or a GGUF file."""
+    from rlvr.weights import export as export_weights
+
+    done = export_weights(path, merged=merged, adapter=adapter, gguf=gguf, dtype=dtype, gguf_type=gguf_type,
+                          force=force)
+    for kind in ("merged", "adapter", "gguf"):
+        if getattr(done, kind) is not None:
+            typer.echo(f"{kind:8s} {getattr(done, kind)}")
+
+
 
 
 @app.command()
