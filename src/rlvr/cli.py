@@ -248,6 +248,30 @@ def models(fetch: bool = typer.Option(False, help="Fetch and convert the embedde
         typer.echo(f"ready: {ensure_smollm2()}")
 
 
+@app.command()
+@_errors_told
+def export(
+    path: str = typer.Argument(..., help="A run folder or run name (its last checkpoint), or a checkpoint "
+                                         "(rlvr://<run>/weights/<name>, or its folder)."),
+    merged: str = typer.Option(None, "--merged", help="Write a Hugging Face folder with the LoRA merged into the "
+                                                      "base weights (transformers, vLLM)."),
+    adapter: str = typer.Option(None, "--adapter", help="Write a PEFT adapter folder (peft, vLLM's LoRA serving)."),
+    gguf: str = typer.Option(None, "--gguf", help="Write the merged model as a GGUF file (llama.cpp, Ollama)."),
+    dtype: str = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 for --merged (default: the "
+                                                    "base model's)."),
+    gguf_type: str = typer.Option("f16", "--gguf-type", help="f16, bf16, q8_0 or f32: the GGUF file's matrices."),
+    force: bool = typer.Option(False, "--force", help="Replace a destination that exists."),
+) -> None:
+    """Take a trained model out: a merged Hugging Face folder, a PEFT adapter and/or a GGUF file."""
+    from rlvr.weights import export as export_weights
+
+    done = export_weights(path, merged=merged, adapter=adapter, gguf=gguf, dtype=dtype, gguf_type=gguf_type,
+                          force=force)
+    for kind in ("merged", "adapter", "gguf"):
+        if getattr(done, kind) is not None:
+            typer.echo(f"{kind:8s} {getattr(done, kind)}")
+
+
 
 
 @app.command()
@@ -256,6 +280,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind; loopback unless you mean otherwise."),
     port: int = typer.Option(8000, help="TCP port."),
     keys_file: str = typer.Option(None, help="File with one API key per line (else $RLVR_API_KEY)."),
+    url_lifetime: int = typer.Option(3600, help="Seconds the signed checkpoint download URLs hold."),
 ) -> None:
     """Serve the Tinker wire protocol: point the tinker SDK at it with TINKER_BASE_URL=http://HOST:PORT. SIGTERM
     or Ctrl-C stop taking requests, let the ones in flight finish and exit (a second Ctrl-C: at once)."""
@@ -263,7 +288,8 @@ def serve(
         from rlvr.server import serve as run
     except ImportError as exc:
         raise typer.BadParameter(f"rlvr serve needs the server extra: pip install 'rlvr[server]' ({exc})") from exc
-    run(host=host, port=port, keys_file=keys_file)  # SIGTERM, Ctrl-C: RunInterrupted once shut down
+    # SIGTERM, Ctrl-C: RunInterrupted once shut down
+    run(host=host, port=port, keys_file=keys_file, url_lifetime_s=url_lifetime)
 
 
 sandbox_app = typer.Typer(help="The code sandbox for code rewards.", no_args_is_help=True)

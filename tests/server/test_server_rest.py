@@ -125,13 +125,14 @@ def test_rest_external_weights_download_and_load_back(server, service, rest, tra
     assert {"adapter_model.safetensors", "adapter_config.json", "rlvr.json"} <= set(urls)
     folder = tmp_path / "export"
     folder.mkdir()
-    with _http(server) as http:
-        for name, url in urls.items():
-            response = http.get(url)
-            assert response.status_code == 200, (name, response.text)
-            (folder / name).write_bytes(response.content)
+    for name, url in urls.items():  # signed: a plain client without the key downloads them
+        response = httpx.get(url, timeout=30)
+        assert response.status_code == 200, (name, response.text)
+        (folder / name).write_bytes(response.content)
     with _http(server, "tml-wrong-key-0123456789") as http:
-        assert http.get(urls["rlvr.json"]).status_code == 401  # behind the API key
+        assert http.get(urls["rlvr.json"].split("?")[0]).status_code == 401  # unsigned: behind the API key
+    with _http(server) as http:
+        assert http.get(urls["rlvr.json"].split("?")[0]).status_code == 200  # ... and open to it
 
     # the download holds the trained weights: the same adapter as a sampler checkpoint of the same weights
     reference = tc.save_weights_for_sampler("reference").result().path

@@ -23,7 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -31,6 +33,8 @@ import torch
 from tinker import types
 from tinker.lib.api_future_impl import QueueState
 from tinker.lib.public_interfaces.api_future import APIFuture
+
+from rlvr.home import checkpoint_root
 
 PROMPT_S = 1.0
 """How soon the next call on a client must return after any row, beyond twice the time of the same call made right
@@ -392,7 +396,10 @@ SAMPLING: dict[str, Row] = {
     "get_telemetry": Works(call(), sdk_local((object, type(None))), "the SDK's own telemetry object; no request"),
     "get_tokenizer": SdkCannot(call(), r"offline|huggingface\.co", "SDK 0.38 loads a sampler's tokenizer from the "
                                "Hugging Face hub by the base model's name, and rlvr's names (tiny, smollm2-135m) are "
-                               "not hub repositories; TrainingClient.get_tokenizer gets the server's tokenizer folder"),
+                               "not hub repositories: it fails in this walk's process, whose hub is huggingface.co "
+                               "(offline). A process started with HF_ENDPOINT=<server>/hf and HF_TOKEN=<key> gets "
+                               "the engine's tokenizer from the server (test_server_tokenizer.py); "
+                               "TrainingClient.get_tokenizer needs neither"),
     "on_queue_state_change": Works(call(QueueState.PAUSED_CAPACITY, "walk"), sdk_local(None),
                                    "the SDK's callback for queue states rlvr never reports; logs only"),
     "sample": Works(call(types.ModelInput.from_ints(PROMPT), 3, PARAMS), check_sample),
@@ -442,6 +449,17 @@ def check_ttl(w: Walk, value: Any) -> None:
     assert listed(w, w.flagged).expires_at is not None  # type: ignore[attr-defined]
 
 
+def check_signed_urls(w: Walk, out: Any) -> None:
+    """The URLs download with a plain HTTP client (no key), byte for byte; a tampered one is refused (403)."""
+    url = out.urls["adapter_model.safetensors"]
+    _, _, _, _, run, _, kind, name, _, file = urlsplit(url).path.split("/")  # /api/v1/training_runs/<run>/...
+    got = httpx.get(url, timeout=30)
+    assert got.status_code == 200, got.text
+    assert got.content == (checkpoint_root() / run / kind / name / file).read_bytes()
+    tampered = httpx.get(url.replace("signature=", "signature=0"), timeout=30)
+    assert tampered.status_code == 403 and "ask for a fresh URL" in tampered.json()["detail"], tampered.text
+
+
 def check_run(w: Walk, run: Any) -> None:
     assert (run.base_model, run.lora_rank, run.is_lora) == ("tiny", 4, True)
 
@@ -463,7 +481,7 @@ REST: dict[str, Row] = {
                                  r"get_billing_usage is not supported: rlvr serve does no billing"),
     "get_current_checkpoint_storage_usage": Works(call(), lambda w, u: u.data[0].size_bytes > 0 or pytest.fail(u)),
     "get_external_weights_urls": Works(lambda w: ((w.tc.save_weights_external(w.name("walk-url")).result().path,), {}),
-                                       lambda w, out: "adapter_model.safetensors" in out.urls or pytest.fail(out)),
+                                       check_signed_urls, "signed: a plain HTTP client downloads them without the key"),
     "get_sampler": Works(sampler_id_args, lambda w, out: out.base_model == "tiny" or pytest.fail(out)),
     "get_server_capabilities": Works(call(), check_capabilities),
     "get_session": Works(lambda w: ((w.session_id,), {}),

@@ -6,14 +6,16 @@ sampling calls return a future id at once (``UntypedAPIFuture``), and the SDK lo
 result (protobuf for forward_backward and sample, JSON otherwise).
 
 Status codes: 400 malformed body or a request rlvr rejects (message names the field and the fix), 401 bad or missing
-key (``auth.py``), 404 unknown id or route, 410 finished session, 413 body too large. A failure inside one request is
-reported on that request's future only; the server keeps serving everyone else. A request refused with a 4xx before it
-was queued frees its ``seq_id`` at once (``Sequencer.refuse``): the SDK does not resend it, and the model's next
-request must not wait out the gap timeout for it.
+key (``auth.py``), 403 an expired or altered signed download URL (``signing.py``), 404 unknown id or route, 410
+finished session, 413 body too large. A failure inside one request is reported on that request's future only; the
+server keeps serving everyone else. A request refused with a 4xx before it was queued frees its ``seq_id`` at once
+(``Sequencer.refuse``): the SDK does not resend it, and the model's next request must not wait out the gap timeout
+for it.
 
 Not here: body formats (``wire.py``), sessions/ordering (``state.py``), keys and size limits (``auth.py``), the
-RestClient routes (``rest.py``), what a run or checkpoint is (``catalog.py``) and the OpenAI-compatible sampling
-routes mounted at ``/v1`` (``openai.py``).
+RestClient routes (``rest.py``), what a run or checkpoint is (``catalog.py``), signed download URLs (``signing.py``),
+tokenizer folders and their hub-shaped view at ``/hf`` (``hub.py``) and the OpenAI-compatible sampling routes mounted
+at ``/v1`` (``openai.py``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import signal
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
@@ -40,10 +40,12 @@ import rlvr
 from rlvr.engine.train.optim import check_params_for, kind_of_config, kind_of_params
 from rlvr.errors import ConfigurationError, RlvrError, RunInterrupted
 from rlvr.server import wire
-from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys
+from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys, principal_of
 from rlvr.server.catalog import Catalog
+from rlvr.server.hub import TokenizerFolders, add_hub_routes
 from rlvr.server.openai import openai_routes
 from rlvr.server.rest import add_rest_routes
+from rlvr.server.signing import DEFAULT_LIFETIME_S, UrlSigner, load_secret
 from rlvr.server.state import Gone, SeqIdRefused, ServerState, UnknownId, chain, done
 
 __all__ = ["create_app", "serve"]
@@ -60,17 +62,23 @@ has just closed (uvicorn's default of 5 s makes the SDK see connection errors an
 
 def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path | None = None,
                service: rlvr.ServiceClient | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               long_poll_s: float = 25.0, compress_fwdbwd: bool = True, gap_timeout_s: float = 10.0) -> FastAPI:
+               long_poll_s: float = 25.0, compress_fwdbwd: bool = True, gap_timeout_s: float = 10.0,
+               url_lifetime_s: float = DEFAULT_LIFETIME_S) -> FastAPI:
     """The ASGI app serving Tinker's protocol on ``service`` (default: a ``rlvr.ServiceClient()`` on the shared engine).
 
     ``api_keys`` / ``keys_file``: accepted keys (default ``$RLVR_API_KEY`` / ``$RLVR_API_KEYS_FILE``), each ``tml-...``.
     ``long_poll_s``: how long ``/retrieve_future`` waits for a result before answering ``try_again`` (the SDK gives up
     on a poll after 45 s). ``compress_fwdbwd``: ask the SDK to zstd-compress forward_backward bodies.
+    ``url_lifetime_s``: how long the signed download URLs of ``get_external_weights_urls`` hold (signed with the
+    secret in ``$RLVR_HOME/server/url-signing.key``, made on first use).
     """
+    from rlvr.home import rlvr_home
+
     keys = load_api_keys(api_keys, keys_file)
     if not 0 < long_poll_s < 45:
         raise ConfigurationError(f"long_poll_s={long_poll_s} must be in (0, 45): the tinker SDK abandons a "
                                  "retrieve_future poll after 45 s")
+    signer = UrlSigner(load_secret(rlvr_home() / "server"), {principal_of(k) for k in keys}, url_lifetime_s)
     state = ServerState(service, gap_timeout_s=gap_timeout_s)
     catalog = Catalog(state)
     @contextlib.asynccontextmanager
@@ -79,10 +87,10 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         state.close()
 
     app = FastAPI(title="rlvr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.add_middleware(AdmissionMiddleware, api_keys=keys, max_body_bytes=max_body_bytes)
+    app.add_middleware(AdmissionMiddleware, api_keys=keys, max_body_bytes=max_body_bytes, signer=signer)
     app.state.rlvr = state
-    tokenizer_dirs: dict[str, str] = {}
-    tokenizer_lock = threading.Lock()
+    app.state.url_signer = signer
+    tokenizers = TokenizerFolders()
 
     def owner(request: Request) -> str:
         return request.scope["state"]["principal"]
@@ -205,8 +213,9 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         req = wire.parse_json(types.GetInfoRequest, await request.body())
         client = state.trainer(state.model(req.model_id, owner(request)))
         info = client.get_info()
-        tokenizer_dir = await run_in_threadpool(_tokenizer_dir, client, tokenizer_dirs, tokenizer_lock)
-        data = info.model_data.model_copy(update={"tokenizer_id": tokenizer_dir})
+        tokenizer_dir = await run_in_threadpool(tokenizers.folder, info.model_data.model_name or "model",
+                                                client.get_tokenizer)  # a local folder: the SDK loads it offline
+        data = info.model_data.model_copy(update={"tokenizer_id": str(tokenizer_dir)})
         return wire.json_body(info.model_copy(update={"model_id": req.model_id, "model_data": data}))
 
     @app.post("/api/v1/forward_backward")
@@ -405,7 +414,11 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
 
     # -- training runs, checkpoints, sessions (RestClient) ----------------------------------------------------------
 
-    add_rest_routes(app, state, catalog, owner)
+    add_rest_routes(app, state, catalog, owner, signer)
+
+    # -- tokenizers, hub-shaped, for SamplingClient.get_tokenizer (HF_ENDPOINT=<server>/hf) -------------------------
+
+    add_hub_routes(app, state, tokenizers, owner)
 
     # -- OpenAI-compatible sampling (/v1/models, /v1/completions, /v1/chat/completions) ---------------------------
 
@@ -451,19 +464,6 @@ anyway gets a 400 naming the feature instead of a stall. None carries a model se
 class _FinishBody(pydantic.BaseModel):
     reason: dict[str, Any] | None = None
     detail: str | None = None
-
-
-def _tokenizer_dir(client: rlvr.TrainingClient, cache: dict[str, str], lock: threading.Lock) -> str:
-    """A local folder holding the model's tokenizer, so the SDK's ``AutoTokenizer.from_pretrained`` works offline."""
-    from rlvr.engine.models.load import rlvr_home
-
-    name = client.get_info().model_data.model_name or "model"
-    with lock:
-        if name not in cache:
-            folder = rlvr_home() / "server" / "tokenizers" / re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-            client.get_tokenizer().save_pretrained(str(folder))
-            cache[name] = str(folder)
-        return cache[name]
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, api_keys: str | list[str] | None = None, *,

@@ -7,7 +7,11 @@ shape). A rejected request touches no state.
 Each accepted request carries a principal (a digest of its key) in ``scope["state"]["principal"]``, so sessions,
 models and futures stay private to the key that made them.
 
-Not here: routes (``app.py``), session state (``state.py``).
+A GET of a checkpoint file whose query string carries a signature is decided by the signature instead of a key
+(``signing.py``): a valid one admits it as the principal the URL was issued to, any other is refused with 403 and the
+reason.
+
+Not here: routes (``app.py``), session state (``state.py``), what a signed URL holds (``signing.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigurationError
+from rlvr.server.signing import DOWNLOAD_PATH, SignatureRefused, UrlSigner
 
 __all__ = ["AdmissionMiddleware", "load_api_keys", "principal_of"]
 
@@ -28,6 +33,8 @@ KEY_PREFIX = "tml-"
 ENV_KEY = "RLVR_API_KEY"
 ENV_KEYS_FILE = "RLVR_API_KEYS_FILE"
 OPEN_PATHS = frozenset({"/api/v1/healthz"})
+HUB_PREFIX = "/hf"
+"""Where the hub-shaped tokenizer routes live (``hub.py``): a refusal there names ``HF_TOKEN``."""
 OPENAI_PREFIX = "/v1/"
 """Where the OpenAI-compatible routes live (``openai.py``): refusals there use OpenAI's error shape."""
 
@@ -70,12 +77,14 @@ def principal_of(key: str) -> str:
 
 
 class AdmissionMiddleware:
-    """ASGI middleware: 401 without a valid key, 413 for a body over ``max_body_bytes``, else pass through."""
+    """ASGI middleware: 401 without a valid key, 413 for a body over ``max_body_bytes``, else pass through. With a
+    ``signer``, a signed file download is admitted on its signature (403 when the signature does not hold)."""
 
-    def __init__(self, app: Any, api_keys: Iterable[str], max_body_bytes: int) -> None:
+    def __init__(self, app: Any, api_keys: Iterable[str], max_body_bytes: int, signer: UrlSigner | None = None) -> None:
         self.app = app
         self._keys = [k.encode() for k in api_keys]
         self.max_body_bytes = max_body_bytes
+        self.signer = signer
 
     def _check_key(self, headers: dict[bytes, bytes]) -> str | None:
         presented = headers.get(b"x-api-key")
@@ -95,12 +104,25 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        query = scope.get("query_string", b"")
+        if (self.signer is not None and scope["method"] in ("GET", "HEAD") and DOWNLOAD_PATH.match(scope["path"])
+                and self.signer.is_signed(query)):
+            try:  # the signature decides, whatever key is sent along: a signed URL works alike for everyone
+                owner = self.signer.verify(scope["path"], query)
+            except SignatureRefused as exc:
+                await _reply(send, scope["path"], 403, str(exc))
+                return
+            scope.setdefault("state", {})["principal"] = owner
+            await self.app(scope, _limited(receive, self.max_body_bytes), send)
+            return
         principal = self._check_key(headers)
         if principal is None:
             missing = b"x-api-key" not in headers and b"authorization" not in headers
             reason = ("missing API key: send it in the X-API-Key header or as Authorization: Bearer <key> (the tinker "
                       "SDK sends it from api_key= or $TINKER_API_KEY, the openai client from api_key=)" if missing
                       else "invalid API key: it is not one of the server's keys")
+            if scope["path"].startswith(HUB_PREFIX + "/"):
+                reason += "; the Hugging Face hub client sends $HF_TOKEN, so set HF_TOKEN to the rlvr API key"
             await _reply(send, scope["path"], 401, reason)
             return
         length = headers.get(b"content-length")

@@ -204,14 +204,20 @@ class Catalog:
 
     def export(self, sampler_path: str, name: str, ttl_seconds: int | None) -> Path:
         """Move the sampler checkpoint just saved at ``sampler_path`` to ``<run>/external_weights/<name>`` (an
-        existing export of that name is replaced whole) and give it ``ttl_seconds``; returns its folder."""
-        from rlvr.engine.checkpoint import resolve
+        existing export of that name is replaced whole), its adapter_config.json as a PEFT adapter folder's
+        (``engine.export.write_adapter_config``), and give it ``ttl_seconds``; returns its folder."""
+        from rlvr.engine.checkpoint import read_meta, resolve
+        from rlvr.engine.export import write_adapter_config
 
         source = resolve(sampler_path)
         target = source.parent.parent / "external_weights" / name
         try:
             with atomic_folder(target) as tmp:
                 shutil.copytree(source, tmp, dirs_exist_ok=True)
+                # a PEFT adapter folder other tools load (tinker-cookbook's weights.build_*, vLLM): the base named
+                # where they find it; rlvr reads its own rlvr.json
+                write_adapter_config(source / "adapter_config.json", tmp / "adapter_config.json",
+                                     read_meta(sampler_path)[1]["base_model"])
         finally:
             shutil.rmtree(source, ignore_errors=True)
         self._update_meta(self._key(target), public=None, expires_at=None)

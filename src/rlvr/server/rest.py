@@ -3,8 +3,9 @@ download), sessions, and clear refusals for the calls that have no meaning on a 
 
 Every checkpoint route names the checkpoint as two path segments, ``{kind}/{name}``, so a sub-resource
 (``.../publish``, ``.../ttl``) never reaches the delete-checkpoint route. Downloads are served by ``rlvr serve``
-itself, behind the API key like every other route: ``.../files/<file>`` one file, ``.../archive`` the whole
-checkpoint as a tar. ``get_external_weights_urls`` answers with the per-file URLs.
+itself: ``.../files/<file>`` one file, ``.../archive`` the whole checkpoint as a tar, both with the API key.
+``get_external_weights_urls`` answers with per-file URLs signed for the caller's key (``signing.py``), which a plain
+HTTP client downloads without the key until they expire (``url_lifetime_s``, or the checkpoint's TTL if sooner).
 
 Refused (HTTP 400, the message names the SDK method and why): ``copy_weights`` and ``assign_session_project``
 (rlvr has no projects), ``export_session_trace`` (no traces are recorded), ``get_audit_log`` and
@@ -18,8 +19,9 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import pydantic
 from fastapi import FastAPI, Request
@@ -29,13 +31,10 @@ from tinker import types
 
 from rlvr.server import wire
 from rlvr.server.catalog import Catalog
+from rlvr.server.signing import UrlSigner
 from rlvr.server.state import ServerState, Session, UnknownId
 
 __all__ = ["add_rest_routes"]
-
-URL_LIFETIME = timedelta(days=3650)
-"""The ``expires`` given with download URLs of checkpoints without a TTL: the URLs hold as long as the checkpoint
-and the API key do (they are not signed)."""
 
 REFUSED = {
     ("POST", "/api/v1/copy_weights"): ("RestClient.copy_weights", "rlvr serve has no projects to copy into; "
@@ -57,8 +56,9 @@ class _WeightsInfoBody(pydantic.BaseModel):
     tinker_path: str
 
 
-def add_rest_routes(app: FastAPI, state: ServerState, catalog: Catalog, owner: Callable[[Request], str]) -> None:
-    """Register the RestClient routes on ``app`` (before any catch-all route)."""
+def add_rest_routes(app: FastAPI, state: ServerState, catalog: Catalog, owner: Callable[[Request], str],
+                    signer: UrlSigner) -> None:
+    """Register the RestClient routes on ``app`` (before any catch-all route); ``signer`` signs download URLs."""
 
     # -- training runs ----------------------------------------------------------------------------------------------
 
@@ -126,12 +126,15 @@ def add_rest_routes(app: FastAPI, state: ServerState, catalog: Catalog, owner: C
     async def external_weights_urls(run_id: str, kind: str, name: str, request: Request) -> dict:
         folder = catalog.folder(run_id, kind, name, owner(request))
         run = catalog.run_id(run_id, owner(request))
-        base = f"{str(request.base_url).rstrip('/')}/api/v1/training_runs/{run}/checkpoints/{kind}/{name}/files"
-        expiry = next((c.expires_at for c in catalog.checkpoints(run, owner(request))
-                       if c.checkpoint_id == f"{kind}/{name}"), None)
-        return wire.json_body(types.ExternalWeightsUrlsResponse(
-            urls={f: f"{base}/{f}" for f in catalog.files(folder)},
-            expires=expiry or datetime.now(UTC) + URL_LIFETIME))
+        ttl_end = next((c.expires_at.timestamp() for c in catalog.checkpoints(run, owner(request))
+                        if c.checkpoint_id == f"{kind}/{name}" and c.expires_at is not None), None)
+        expires = signer.expiry(not_after=ttl_end)
+        base = str(request.base_url).rstrip("/")
+        prefix = f"/api/v1/training_runs/{run}/checkpoints/{kind}/{name}/files/"
+        urls = {file: f"{base}{quote(prefix + file)}?{signer.sign(prefix + file, owner(request), expires)}"
+                for file in catalog.files(folder)}
+        return wire.json_body(types.ExternalWeightsUrlsResponse(urls=urls,
+                                                                expires=datetime.fromtimestamp(expires, UTC)))
 
     @app.get("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/files/{file:path}")
     async def checkpoint_file(run_id: str, kind: str, name: str, file: str, request: Request) -> Response:

@@ -17,9 +17,9 @@ from datums import rl_datum
 from rlvr import types
 from rlvr.engine.models import load as models
 from rlvr.engine.models.gguf_files import llama3_rope
+from rlvr.engine.models.gguf_write import llama3_rope_factors
 from rlvr.engine.models.load import convert_gguf, load_base_model
 from rlvr.engine.models.random_models import (
-    llama3_rope_factors,
     q4_k_m_type,
     small_config,
     write_gguf_file,

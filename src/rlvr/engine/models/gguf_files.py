@@ -14,7 +14,7 @@ BF16, the legacy Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants Q2_K to Q6_K, the IQ
 - refuses a conversion that leaves a weight of the model unread (transformers would start it from random values).
 
 Not here: resolving ``base_model`` names and loading folders (``models.py``); writing GGUF files
-(``random_models.write_gguf_file``).
+(``gguf_write.py``; ``random_models.write_gguf_file`` writes test files with it).
 """
 
 from __future__ import annotations

@@ -15,10 +15,8 @@ They are not language models: their outputs are noise until trained.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
@@ -26,6 +24,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
+from rlvr.engine.models.gguf_write import write_gguf
 from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError
 
@@ -157,83 +156,18 @@ def write_gguf_file(config: PretrainedConfig, path: str | Path, seed: int = 0,
         torch.manual_seed(seed)
         state = AutoModelForCausalLM.from_config(config, dtype=torch.float32).state_dict()
     rng = np.random.default_rng(seed)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[architecture.upper()], layers)
-    writer = gguf.GGUFWriter(str(path), architecture)
-    _write_gguf_metadata(writer, config)
-    for hf_name, tensor in state.items():
-        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # a tied output layer is the embedding: llama.cpp writes no output.weight
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if name is None:
-            raise ConfigurationError(f"{hf_name}: no GGUF name for it in architecture {architecture!r}")
-        values = tensor.numpy()
-        if architecture == "llama" and name.endswith((".attn_q.weight", ".attn_k.weight")):
-            heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
-            values = _llama_cpp_rows(values, heads)
+
+    def encode(name: str, values: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType]:
         kind = pick(name, tuple(values.shape))
         if kind in RANDOM_BLOCKS:
-            data = _random_blocks(kind, values.shape, float(values.std()), rng)
-        else:
-            try:
-                data = gguf.quants.quantize(values, kind)
-            except (NotImplementedError, gguf.quants.QuantError) as exc:
-                raise ConfigurationError(f"{name}: cannot write type {kind.name} of shape {tuple(values.shape)} "
-                                         f"({exc})") from exc
-        writer.add_tensor(name, data, raw_dtype=kind)
-    if (factors := llama3_rope_factors(config)) is not None:
-        writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(path)
+            return _random_blocks(kind, values.shape, float(values.std()), rng), kind
+        try:
+            return gguf.quants.quantize(values, kind), kind
+        except (NotImplementedError, gguf.quants.QuantError) as exc:
+            raise ConfigurationError(f"{name}: cannot write type {kind.name} of shape {tuple(values.shape)} "
+                                     f"({exc})") from exc
 
-
-def _write_gguf_metadata(writer: Any, config: PretrainedConfig) -> None:
-    """The model's shape and the byte tokenizer under llama.cpp's keys."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_vocab_size(config.vocab_size)  # past the byte tokenizer's 259 tokens in a real shape
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    rope = config.rope_parameters
-    writer.add_rope_freq_base(rope["rope_theta"])
-    if rope.get("rope_type", "default") in ("linear", "yarn"):  # llama3's goes in a tensor (llama3_rope_factors)
-        writer.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
-        writer.add_rope_scaling_factor(rope["factor"])
-        if rope["rope_type"] == "yarn":
-            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    elif rope.get("rope_type", "default") not in ("default", "llama3"):
-        raise ConfigurationError(f"rope_type={rope['rope_type']!r}: GGUF files are written with default, linear, "
-                                 "yarn or llama3 RoPE")
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    tokenizer = build_tiny_tokenizer()
-    tokens = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
-    special = set(tokenizer.all_special_tokens)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
-    # The byte tokenizer has no merges, and GGUF cannot hold an empty list: readers then derive the merges from the
-    # scores (which yield none here).
-    writer.add_token_scores([0.0] * len(tokens))
-    writer.add_bos_token_id(tokenizer.bos_token_id)
-    writer.add_eos_token_id(tokenizer.eos_token_id)
-    writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_chat_template(tokenizer.chat_template)
-
-
-def _llama_cpp_rows(weight: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's order of a Llama q or k projection's rows: each head's two rotary halves interleaved
-    (convert_hf_to_gguf.py's ``LlamaModel.permute``)."""
-    return (weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
+    return write_gguf(path, config, build_tiny_tokenizer(), state, encode)
 
 
 def _random_blocks(kind: GGMLQuantizationType, shape: tuple[int, ...], spread: float,
@@ -260,26 +194,3 @@ def _random_blocks(kind: GGMLQuantizationType, shape: tuple[int, ...], spread: f
         scaled = scaled + minimum * mins
     scale = spread / float(scaled.std())
     return with_scales(scale, minimum * scale).reshape(shape[0], -1)
-
-
-def llama3_rope_factors(config: PretrainedConfig) -> np.ndarray | None:
-    """llama.cpp's ``rope_freqs`` for a Llama 3 RoPE scaling (None for other RoPE): per rotary frequency, the
-    factor its wavelength is stretched by (convert_hf_to_gguf.py's ``LlamaModel.generate_extra_tensors``)."""
-    rope = config.rope_parameters
-    if rope.get("rope_type") != "llama3":
-        return None
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
-    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-    old_context = rope["original_max_position_embeddings"]
-    factors = []
-    for freq in freqs:
-        wavelength = 2 * math.pi / freq
-        if wavelength < old_context / high:
-            factors.append(1.0)
-        elif wavelength > old_context / low:
-            factors.append(factor)
-        else:
-            smooth = (old_context / wavelength - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(factors, dtype=np.float32)
