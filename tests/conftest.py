@@ -16,10 +16,11 @@ os.environ.setdefault("RLVR_DEVICE", "cpu")
 # Engines share the cores with other rlvr processes (engine/cores.py), and a different thread count rounds sums
 # differently; the suite fixes torch's default count, so a child process started while this one was computing (the
 # determinism tests compare such runs bit for bit) computes exactly as it would alone.
-# Under pytest-xdist (``-n 2``), each worker computes on one thread, so that two workers share the cores without
-# OpenMP threads spinning against each other.
+# Under pytest-xdist (``./run-tests``: ``-n 2``), the workers split the cores (one thread each on 2 cores), so that
+# their OpenMP threads do not spin against each other.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("RLVR_THREADS", "1")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("RLVR_THREADS", str(max(1, torch.get_num_threads() // workers)))
     torch.set_num_threads(int(os.environ["RLVR_THREADS"]))
 os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
 
