@@ -127,6 +127,13 @@ def run_process(body: str, out: Path, resume: bool = False, die: str = "", timin
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=1800)
 
 
+def run_to_the_end(body: str, out: Path, resume: bool = False) -> Path:
+    """Train (or resume) ``body`` into ``out`` in a fresh process that must finish; returns ``out``."""
+    done = run_process(body, out, resume=resume)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 def final_adapter(run_dir: Path) -> dict[str, torch.Tensor]:
     return checkpoint.read_adapter(checkpoint.resolve(last_checkpoint(run_dir)["state_path"]))
 
@@ -147,8 +154,7 @@ def assert_same_run(a: Path, b: Path, steps: int) -> None:
 
 def check_two_processes(tmp_path: Path, body: str, run: str, steps: int) -> None:
     for name in ("a", "b"):
-        done = run_process(body, tmp_path / name)
-        assert done.returncode == 0, done.stderr[-3000:]
+        run_to_the_end(body, tmp_path / name)
     assert_same_run(tmp_path / "a" / run, tmp_path / "b" / run, steps)
 
 
@@ -189,10 +195,7 @@ def test_a_killed_and_resumed_tiny_run_equals_the_uninterrupted_one(tmp_path):
 @pytest.fixture(scope="module")
 def warmed_straight(tmp_path_factory) -> Path:
     """The uninterrupted run with a warm-up that the killed ones are compared with."""
-    out = tmp_path_factory.mktemp("warmed") / "straight"
-    done = run_process(_WARMED, out)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return run_to_the_end(_WARMED, tmp_path_factory.mktemp("warmed") / "straight")
 
 
 @pytest.mark.parametrize("die", ["in_warmup", "in_rl_before_its_first_checkpoint", "in_rl"])
@@ -204,8 +207,7 @@ def test_a_run_with_a_warm_up_killed_in_either_phase_resumes_to_the_uninterrupte
     killed = run_process(PHASE_KILLS + _WARMED, tmp_path, die=die)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert (tmp_path / "checkpoints.jsonl").exists() == (die == "in_rl")
-    done = run_process(_WARMED, tmp_path, resume=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_to_the_end(_WARMED, tmp_path, resume=True)
     assert_same_run(warmed_straight, tmp_path, 4)
     warmup_a, warmup_b = read_jsonl(warmed_straight / "warmup.jsonl"), read_jsonl(tmp_path / "warmup.jsonl")
     assert [row["step"] for row in warmup_b] == list(range(6)) and warmup_a == warmup_b

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_determinism import _SMOLLM2, assert_same_run, run_process
+from test_determinism import _SMOLLM2, assert_same_run, run_process, run_to_the_end
 
 from rlvr.rl.checkpoints import last_checkpoint
 
@@ -23,16 +23,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
     """The uninterrupted run that the others are compared with."""
-    out = tmp_path_factory.mktemp("smollm2") / "straight"
-    done = run_process(_SMOLLM2, out)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return run_to_the_end(_SMOLLM2, tmp_path_factory.mktemp("smollm2") / "straight")
 
 
 def test_two_processes_train_smollm2_alike(straight, tmp_path):
-    done = run_process(_SMOLLM2, tmp_path / "b")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert_same_run(straight, tmp_path / "b", STEPS)
+    assert_same_run(straight, run_to_the_end(_SMOLLM2, tmp_path / "b"), STEPS)
 
 
 def test_a_smollm2_run_killed_inside_a_checkpoint_write_resumes_to_the_uninterrupted_one(straight, tmp_path):
@@ -40,6 +35,5 @@ def test_a_smollm2_run_killed_inside_a_checkpoint_write_resumes_to_the_uninterru
     killed = run_process(_SMOLLM2, out, die="inside_second_checkpoint")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert last_checkpoint(out)["step"] == 2  # the second checkpoint (step 4) never completed
-    done = run_process(_SMOLLM2, out, resume=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_to_the_end(_SMOLLM2, out, resume=True)
     assert_same_run(straight, out, STEPS)

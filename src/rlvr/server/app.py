@@ -89,7 +89,6 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     app = FastAPI(title="rlvr", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.add_middleware(AdmissionMiddleware, api_keys=keys, max_body_bytes=max_body_bytes, signer=signer)
     app.state.rlvr = state
-    app.state.url_signer = signer
     tokenizers = TokenizerFolders()
 
     def owner(request: Request) -> str:
