@@ -110,13 +110,13 @@ def decode_against_the_model(model, decoder, prompts, rows, keeps: dict[int, lis
 
 
 @pytest.mark.parametrize("adapter", [None, "tuned"])
-@pytest.mark.parametrize("packed", ["", "mkldnn", "bf16x3"])
+@pytest.mark.parametrize("packed", ["", "mkldnn", "fma", "bf16x3"])
 def test_qwen_steps_give_the_models_logits(qwen_host, adapter, packed, monkeypatch):
     test_steps_give_the_models_logits(qwen_host, adapter, packed, monkeypatch)
 
 
 @pytest.mark.parametrize("adapter", [None, "tuned"])
-@pytest.mark.parametrize("packed", ["", "mkldnn", "mkl", "bf16x3"])
+@pytest.mark.parametrize("packed", ["", "mkldnn", "mkl", "fma", "bf16x3"])
 def test_steps_give_the_models_logits(host, adapter, packed, monkeypatch):
     if packed and packed not in decode.pack_kinds():
         pytest.skip(f"this torch has no {packed} packed matmul")

@@ -53,6 +53,9 @@ def by_hand(q, prompt_keys, prompt_values, bias, keys, values, chunk, scale):
     (4, 128, 130, 8, 33, True),  # Llama 3's 4 per key/value head on heads of 128 (two slabs of values)
     (2, 24, 37, 2, 20, True),  # the tiny model's heads of 24: a part-filled vector of values
     (1, 8, 5, 1, 3, True),  # heads of 8: half a vector of 16
+    (7, 64, 57, 8, 40, True),  # Qwen2.5-0.5B's 7 per key/value head: a group of 4, then one of 3
+    (8, 128, 21, 2, 17, False),  # Qwen2.5-3B's and Llama 3 70B's 8: two groups of 4
+    (6, 128, 9, 1, 5, True),  # Qwen2.5-1.5B's 6
 ])
 def test_kernel_equals_attention_by_hand(kernel, query_heads, head_dim, width, chunk, generated, padded):
     gen = torch.Generator().manual_seed(query_heads * 1000 + generated)
@@ -119,7 +122,8 @@ def test_to_blocks_lays_keys_out_in_blocks_of_16():
 
 def test_supports_only_the_shapes_it_handles():
     assert fused_attention.supports(3, 64) and fused_attention.supports(4, 128) and fused_attention.supports(1, 16)
-    assert not fused_attention.supports(5, 64)  # more query heads per key/value head than it unrolls
+    assert fused_attention.supports(7, 64) and fused_attention.supports(16, 64)  # in groups of up to 4
+    assert not fused_attention.supports(17, 64)  # more query heads per key/value head than it takes
     assert fused_attention.supports(2, 24)  # the tiny model's heads
     assert not fused_attention.supports(2, 20)  # heads not a multiple of 8 floats
 

@@ -9,7 +9,8 @@ flash kernel on a query of length 1. This module runs the same arithmetic with t
   packs of A and B where torch has oneDNN, ``pack_adapters``). Adapters stay unmerged, so any number of sampler
   snapshots share the one base model. On a CPU with AMX the base matmuls
   run on ``amx_linear`` (three bfloat16 products per float32 one), which also computes their input: the RMSNorms
-  and the MLP's SiLU(gate) * up cost no op of their own;
+  and the MLP's SiLU(gate) * up cost no op of their own; elsewhere, on AVX2 and FMA, on ``fma_linear`` (float32
+  products built for a few dozen rows);
 - rows that continue one prompt sit in chunks of consecutive slots, and a chunk holds its prompt's keys and values
   once: attention reads a prompt once per chunk (its rows' queries side by side in one product), not once per row,
   and only the generated columns once per row. The chunk size is the one whose step costs least (``chunk_size``:
@@ -29,10 +30,10 @@ its logits against the model's forward, with and without LoRA.
 
 A row's logits depend on that row alone, bit for bit, not on the other rows, their number, the chunks or the
 prompts' padding (what the sampler's seed guarantee needs, ``sample/sampler.py``): the base products run on packs
-whose rows come out alike at any row count (oneDNN's, the AMX kernel), so do the adapters' (``pack_adapters``); the
-fused kernel attends row by row (``decode_attention.c``); norms, activations and the rotary embedding (one table,
-``_rotary``) work row by row. Not so with a plain ``F.linear`` (MKL rounds 1 to 3 rows, and odd counts, otherwise
-than 4 or more) or PyTorch's attention ops.
+whose rows come out alike at any row count (oneDNN's, the FMA and AMX kernels), so do the adapters'
+(``pack_adapters``); the fused kernel attends row by row (``decode_attention.c``); norms, activations and the rotary
+embedding (one table, ``_rotary``) work row by row. Not so with a plain ``F.linear`` (MKL rounds 1 to 3 rows, and
+odd counts, otherwise than 4 or more) or PyTorch's attention ops.
 
 Supported: ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, the tiny test model), ``Qwen2ForCausalLM`` (Qwen2 and
 Qwen2.5: biases on q, k and v) and ``Qwen3ForCausalLM`` (an RMSNorm over each query and key head before the rotary

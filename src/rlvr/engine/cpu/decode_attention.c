@@ -25,7 +25,8 @@
 
 #include "vector_exp.h"
 
-#define MAX_Q 4 /* query heads per key/value head this kernel handles (SmolLM2: 3, Llama 3: 4) */
+#define MAX_Q 4 /* query heads per key/value head computed together (SmolLM2: 3, Llama 3: 4); more go in groups */
+#define MAX_HEADS 16 /* query heads per key/value head this kernel handles (Qwen2.5: 6 or 7, Llama 3 70B: 8) */
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -272,7 +273,7 @@ int rlvr_decode_attention(const float *q, int64_t q_row, const float *new_k, int
                           int64_t v_row, const float *prompt_keys, const float *prompt_values, const float *bias,
                           float *keys, float *values, float *scratch, float *out, int S, int G, int Q, int D, int P,
                           int chunk, int cap, int n, float scale) {
-    if (Q < 1 || Q > MAX_Q || D % 8 || n < 1 || n > cap) return 1;
+    if (Q < 1 || Q > MAX_HEADS || D % 8 || n < 1 || n > cap) return 1;
     const int L = P + n, prompt_blocks = (P + 15) / 16, own_blocks = (cap + 15) / 16;
     #pragma omp parallel for schedule(static)
     for (int index = 0; index < S * G; index++) {
@@ -293,16 +294,24 @@ int rlvr_decode_attention(const float *q, int64_t q_row, const float *new_k, int
         }
         const float *qs = q + s * q_row + (int64_t)g * Q * D;
         float *w = scratch + (int64_t)index * Q * L;
-        scores(Q, qs, D, prompt_keys + ((int64_t)c * G + g) * prompt_blocks * D * 16, P, scale, w, L, &f);
-        scores(Q, qs, D, own_keys, n, scale, w + P, L, &f);
+        const float *shared_keys = prompt_keys + ((int64_t)c * G + g) * prompt_blocks * D * 16;
+        for (int h = 0; h < Q; h += MAX_Q) { /* query heads in groups of at most MAX_Q, each head's sums its own */
+            const int heads = Q - h < MAX_Q ? Q - h : MAX_Q;
+            scores(heads, qs + (int64_t)h * D, D, shared_keys, P, scale, w + (int64_t)h * L, L, &f);
+            scores(heads, qs + (int64_t)h * D, D, own_keys, n, scale, w + (int64_t)h * L + P, L, &f);
+        }
         if (bias)
             for (int i = 0; i < Q; i++)
                 for (int j = 0; j < P; j++) w[i * L + j] += bias[(int64_t)c * P + j];
         softmax(w, Q, L, L);
         float *o = out + s * (int64_t)G * Q * D + (int64_t)g * Q * D;
         memset(o, 0, (size_t)Q * D * sizeof(float));
-        weighted_sum(Q, w, L, D, prompt_values + ((int64_t)c * G + g) * P * D, P, o, &f);
-        weighted_sum(Q, w + P, L, D, own_values, n, o, &f);
+        for (int h = 0; h < Q; h += MAX_Q) {
+            const int heads = Q - h < MAX_Q ? Q - h : MAX_Q;
+            weighted_sum(heads, w + (int64_t)h * L, L, D, prompt_values + ((int64_t)c * G + g) * P * D, P,
+                         o + (int64_t)h * D, &f);
+            weighted_sum(heads, w + (int64_t)h * L + P, L, D, own_values, n, o + (int64_t)h * D, &f);
+        }
     }
     return 0;
 }

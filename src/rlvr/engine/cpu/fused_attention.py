@@ -38,7 +38,7 @@ from rlvr.errors import ConfigurationError
 
 SOURCE = "decode_attention.c"
 BLOCK = 16  # key positions per block of the key cache
-MAX_QUERY_HEADS = 4  # query heads per key/value head the kernel handles
+MAX_QUERY_HEADS = 16  # query heads per key/value head the kernel handles (four at a time)
 
 logger = logging.getLogger(__name__)
 

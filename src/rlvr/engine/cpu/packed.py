@@ -7,24 +7,25 @@ layout a kernel reads fastest. The kernels ("kinds") this module packs for and c
 - ``mkl``: MKL's float32 kernel (``mkl._mkl_linear``), one row count, fixed at packing;
 - ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products on AMX tiles
   (~16 bits of each product where float32 keeps ~22), any row count, where the CPU has AMX;
+- ``fma``: rlvr's float32 kernel for a few dozen rows (``fma_linear``), AVX2 and FMA, any row count;
 - ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for.
 
 Which kind a use gets (``fastest_kind``): a fixed preference, not timing, so that every process of a machine (two
 runs of one seed, a resume, a Ray replica and the driver) rounds the same way: the AMX kernel where it runs, else
 oneDNN's float32 kernel where this torch has it, else a plain ``F.linear``. Timing picked among kernels whose speeds
 are close, and under load picked differently in each process (measured: two runs of one seed on tiny differed from
-step 0). ``RLVR_MATMUL=timed`` times a plain ``F.linear``, MKL's and oneDNN's once per process, on first use, and
-keeps the fastest (runs then repeat only as far as the timings do); ``RLVR_MATMUL=plain`` (or ``mkl``, ``mkldnn``,
-``bf16x3``) fixes the choice, for runs that must repeat bit for bit across machines: rounding changes which rare
-token a draw lands on, so each kind gives one seed its own trajectory.
+step 0). ``RLVR_MATMUL=timed`` times a plain ``F.linear``, MKL's, oneDNN's and the FMA kernel once per process, on
+first use, and keeps the fastest (runs then repeat only as far as the timings do); ``RLVR_MATMUL=plain`` (or ``mkl``,
+``mkldnn``, ``fma``, ``bf16x3``) fixes the choice, for runs that must repeat bit for bit across machines: rounding
+changes which rare token a draw lands on, so each kind gives one seed its own trajectory.
 
 Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer
 (``pack_frozen_linears`` gives every frozen ``nn.Linear`` a packed weight and its packed transpose, so the forward
 product and the input gradient both run on oneDNN's kernel: float32 where timing picks it, bfloat16 when asked). The
-trainer never takes MKL's or the AMX kernel. Each pack is one more copy of the weights (the trainer's two), so a
-model is packed only where its copies fit in ``PACK_MEMORY_FRACTION`` of the machine's memory (``packs_fit``: a
-0.5B model's float32 copies on 24 GiB, not a 1B model's); the same answer in every process of a machine, so they
-round alike.
+trainer never takes MKL's, the FMA or the AMX kernel. Each pack is one more copy of the weights (the trainer's
+two), so a model is packed only where its copies fit in ``PACK_MEMORY_FRACTION`` of the machine's memory
+(``packs_fit``: a 0.5B model's float32 copies on 24 GiB, not a 1B model's); the same answer in every process of a
+machine, so they round alike.
 
 Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default.
 ``precision="bfloat16"`` (``Engine(precision=...)``, the ``precision`` config key, or ``RLVR_PRECISION``) runs every
@@ -45,7 +46,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rlvr.engine.cpu import amx_linear
+from rlvr.engine.cpu import amx_linear, fma_linear
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision
 
@@ -84,13 +85,16 @@ def bfloat16_supported() -> bool:
 
 def pack_kinds() -> list[str]:
     """The prepacked matmuls this machine offers: oneDNN's (any row count) and MKL's (one row count) where torch has
-    them, and rlvr's AMX kernel (``amx_linear``: three bfloat16 products, any row count) where it can be built.
+    them, rlvr's FMA kernel (``fma_linear``: float32, any row count) and its AMX kernel (``amx_linear``: three
+    bfloat16 products, any row count) where they can be built.
     Nothing is built or run here (torch work on a thread other than the engine's slows the engine's down)."""
     kinds = []
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         kinds.append("mkldnn")
     if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
         kinds.append("mkl")
+    if fma_linear.buildable():
+        kinds.append("fma")
     if amx_linear.buildable():
         kinds.append("bf16x3")
     return kinds
@@ -104,14 +108,16 @@ def pack(weight: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), rows)
     if kind == "bf16x3":
         return amx_linear.pack(weight)
+    if kind == "fma":
+        return fma_linear.pack(weight)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch.Tensor | None,
                   bias: torch.Tensor | None, rows: int) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for 2-D ``x`` on ``pack(weight, kind, rows)``. MKL needs ``x`` to have exactly
-    ``rows`` rows and ``shape``, a storage-less tensor of the weight's shape (so does "bf16x3", for the output
-    size)."""
+    ``rows`` rows and ``shape``, a storage-less tensor of the weight's shape (so do "bf16x3" and "fma", for the
+    output size)."""
     if kind == "mkldnn":
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     if kind == "bf16":
@@ -120,18 +126,21 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
     if kind == "bf16x3":
         out = amx_linear.linear(amx_linear.kernel(), x, packed, shape.shape[0])
         return out if bias is None else out.add_(bias)
+    if kind == "fma":
+        return fma_linear.linear(fma_linear.kernel(), x, packed, shape.shape[0], bias)
     return torch.ops.mkl._mkl_linear(x, packed, shape, bias, rows)
 
 
 def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
     """The kernel ``use`` multiplies ``rows`` rows by ``weight`` with, among ``kinds`` (default: all this machine
-    has), "" for a plain ``F.linear``: the fixed preference of the module docstring (the AMX kernel, else oneDNN's,
-    else plain); ``RLVR_MATMUL`` overrides (a kind this machine has but ``use`` does not take means a plain
-    ``F.linear`` there; ``timed``: the fastest, timed on the first call for ``use``). The same answer for the rest
-    of the process."""
+    has), "" for a plain ``F.linear``: the fixed preference of the module docstring (the AMX kernel, else the FMA
+    kernel, else oneDNN's, else plain); ``RLVR_MATMUL`` overrides (a kind this machine has but ``use`` does not
+    take means a plain ``F.linear`` there; ``timed``: the fastest, timed on the first call for ``use``, the AMX
+    kernel where it runs). The same answer for the rest of the process."""
     machine = pack_kinds()
     available = [k for k in (machine if kinds is None else kinds) if k in machine
-                 and (k != "bf16x3" or amx_linear.kernel() is not None)]  # built and checked now, on first use
+                 and (k != "bf16x3" or amx_linear.kernel() is not None)  # built and checked now, on first use
+                 and (k != "fma" or fma_linear.kernel() is not None)]
     forced = os.environ.get("RLVR_MATMUL", "")
     if forced and forced != "timed":
         if forced != "plain" and forced not in machine:
@@ -140,9 +149,14 @@ def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | N
         if forced == "bf16x3" and "bf16x3" not in available and (kinds is None or "bf16x3" in kinds):
             raise ConfigurationError("RLVR_MATMUL=bf16x3, but the AMX kernel failed to build or to pass its check "
                                      "here (the log says why); unset RLVR_MATMUL to choose another kernel")
+        if forced == "fma" and "fma" not in available and (kinds is None or "fma" in kinds):
+            raise ConfigurationError("RLVR_MATMUL=fma, but the FMA kernel failed to build or to pass its check here "
+                                     "(the log says why); unset RLVR_MATMUL to choose another kernel")
         return forced if forced in available else ""
     if use not in _CHOSEN and "bf16x3" in available:  # not timed: see the module docstring
         _CHOSEN[use] = "bf16x3"
+    if use not in _CHOSEN and "fma" in available and forced != "timed":  # the fixed preference (timed: a candidate)
+        _CHOSEN[use] = "fma"
     if use not in _CHOSEN and not available:  # this torch has no packed matmul to compare with F.linear
         _CHOSEN[use] = ""
     if use not in _CHOSEN and forced != "timed":  # the fixed preference: see the module docstring
