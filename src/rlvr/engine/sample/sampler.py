@@ -5,18 +5,17 @@ repeated for its ``num_samples`` rows (a group shares its prefix); then all live
 together, one token per step. Rows that finish (a stop token, a stop string, ``max_tokens``) leave the batch, so no
 compute is spent on them.
 
-A seeded request gets the same tokens and logprobs, bit for bit, whatever else is batched with it and wherever it
-sits in the batch: each request draws from its own generator, and on the CPU path every number of a row is computed
-from that row alone. Each prompt is prefilled on its own (``prefill_each``: a padded batch would change the
-attention's shapes, and so its rounding); ``decode.LlamaDecoder`` multiplies on kernels whose rows do not depend on
-the row count (oneDNN's packs, the AMX kernel; LoRA adapters on oneDNN too) and attends with the fused kernel, whose
-sums do not depend on the padding or the other rows (``decode_attention.c``); and each request's logprobs are taken
-on its own rows. ``tests/engine/test_sampler.py`` checks it against neighbours of every kind. Where one of those
-is missing, a batch moves a row's logits in the last bits (~1e-6), which can move a draw that lands on a boundary:
-Hugging Face's forward (architectures other than Llama's), PyTorch's attention ops (no C compiler, or
-``RLVR_ATTENTION=torch``), base weights too large to pack (``packed.PACK_MAX_BYTES``) or ``RLVR_MATMUL=plain``/
-``mkl``, and the GPU paths. Requests sent as one unit (``sample_queue``) are decoded apart from other requests, so
-they repeat there too.
+A seeded request gets the same tokens and logprobs, bit for bit, whatever else is batched with it and wherever it sits
+in the batch: each request draws from its own generator, and on the CPU path every number of a row is computed from that
+row alone. Each prompt is prefilled on its own (``prefill_each``: a padded batch would change the attention's shapes,
+and so its rounding); ``decode.LlamaDecoder`` multiplies on kernels whose rows do not depend on the row count (oneDNN's
+packs, the FMA and AMX kernels; LoRA adapters on oneDNN too) and attends with the fused kernel, whose sums do not depend
+on the padding or the other rows (``decode_attention.c``); and each request's logprobs are taken on its own rows.
+``tests/engine/sample/test_sampler.py`` checks it against neighbours of every kind. Where one of those is missing, a
+batch moves a row's logits in the last bits (~1e-6), which can move a draw that lands on a boundary: Hugging Face's
+forward (architectures other than Llama's), PyTorch's attention ops (no C compiler, or ``RLVR_ATTENTION=torch``), base
+weights too large to pack (``packed.PACK_MAX_BYTES``) or ``RLVR_MATMUL=plain`` or ``mkl``, and the GPU paths. Requests
+sent as one unit (``sample_queue``) are decoded apart from other requests, so they repeat there too.
 
 Which distribution the logprobs are under: always the model's own next-token distribution at temperature 1,
 before temperature, top-k or top-p reshape it for the draw. That is exactly what the trainer computes for the same
