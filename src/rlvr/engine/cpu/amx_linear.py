@@ -81,13 +81,7 @@ def bind():
 @functools.cache
 def kernel():
     """The loaded and checked kernel, or None where it cannot run here (the reason is logged once)."""
-    try:
-        function = bind()
-        self_check(function)
-    except (RuntimeError, OSError) as error:
-        logger.info("float32 products on AMX unavailable (%s)", error)
-        return None
-    return function
+    return native.checked(bind, self_check, logger, "float32 products on AMX")
 
 
 def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,9 +26,6 @@
 
 #define COLUMNS 16 /* output columns per block */
 #define MAX_ROWS 6 /* rows per tile */
-#ifndef HINT
-#define HINT _MM_HINT_T1
-#endif
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -72,7 +69,7 @@ INLINE void tile(const float *x, int64_t x_stride, const int rows, int k, const 
     SUMS(0); SUMS(1); SUMS(2); SUMS(3); SUMS(4); SUMS(5);
     for (int i = 0; i < k; i++) {
         const float *wi = w + (int64_t)i * COLUMNS;
-        if (next) _mm_prefetch((const char *)(next + (int64_t)i * COLUMNS), HINT);
+        if (next) _mm_prefetch((const char *)(next + (int64_t)i * COLUMNS), _MM_HINT_T1);
         __m256 w0 = _mm256_load_ps(wi), w1 = _mm256_load_ps(wi + 8);
         FMA2(0) FMA2(1) FMA2(2) FMA2(3) FMA2(4) FMA2(5)
     }
@@ -88,8 +85,8 @@ INLINE void tile_pair(const float *x, int64_t x_stride, const int rows, int k, c
     for (int i = 0; i < k; i++) {
         const float *wi = w + (int64_t)i * COLUMNS, *vi = v + (int64_t)i * COLUMNS;
         if (next) {
-            _mm_prefetch((const char *)(next + (int64_t)i * 2 * COLUMNS), HINT);
-            _mm_prefetch((const char *)(next + (int64_t)i * 2 * COLUMNS + COLUMNS), HINT);
+            _mm_prefetch((const char *)(next + (int64_t)i * 2 * COLUMNS), _MM_HINT_T1);
+            _mm_prefetch((const char *)(next + (int64_t)i * 2 * COLUMNS + COLUMNS), _MM_HINT_T1);
         }
         __m256 w0 = _mm256_load_ps(wi), w1 = _mm256_load_ps(wi + 8);
         __m256 w2 = _mm256_load_ps(vi), w3 = _mm256_load_ps(vi + 8);

@@ -59,13 +59,7 @@ def bind():
 @functools.cache
 def kernel():
     """The loaded and checked kernel, or None where it cannot run here (the reason is logged once)."""
-    try:
-        function = bind()
-        self_check(function)
-    except (RuntimeError, OSError) as error:
-        logger.info("the float32 FMA product kernel is unavailable (%s)", error)
-        return None
-    return function
+    return native.checked(bind, self_check, logger, "the float32 FMA product kernel")
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -113,9 +107,10 @@ def self_check(function) -> None:
     bias = torch.randn(40, generator=generator)
     exact = x.double() @ weight.double().T
     scale = x.double().abs() @ weight.double().abs().T
+    packed = pack(weight)
     for rows in (1, 2, 5, 13):
         for b in (None, bias):
-            got = linear(function, x[:rows], pack(weight), 40, b, out=torch.full((rows, 40), float("nan")))
+            got = linear(function, x[:rows], packed, 40, b, out=torch.full((rows, 40), float("nan")))
             want = exact[:rows] + (0 if b is None else b.double())
             error = ((got.double() - want).abs() / (scale[:rows] + 1)).max().item()
             if not error <= 1e-5:

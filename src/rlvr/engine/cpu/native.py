@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from rlvr.engine.models.load import rlvr_home
@@ -76,3 +78,16 @@ def build(source: str, cc: str, extra_flags: tuple[str, ...] = ()) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}")
     return library
+
+
+def checked(bind: Callable[[], Callable], self_check: Callable[[Callable], None], logger: logging.Logger,
+            what: str) -> Callable | None:
+    """The C function ``bind()`` loads, once ``self_check`` has accepted it, or None where it cannot build, load or
+    pass here (the reason logged to ``logger`` as "``what`` unavailable"): how a kernel with a fallback is loaded."""
+    try:
+        function = bind()
+        self_check(function)
+    except (RuntimeError, OSError) as error:
+        logger.info("%s unavailable (%s)", what, error)
+        return None
+    return function
