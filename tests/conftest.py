@@ -1,5 +1,6 @@
-"""Shared fixtures: an isolated RLVR_HOME per test session (models still come from the user cache, so the embedded
-model is fetched once per machine), and one engine for the whole session."""
+"""Shared fixtures: an isolated RLVR_HOME per test session (models already in the user cache are read from there, and
+the embedded model's download lands there, so it is fetched once per machine; models the tests convert or write, such
+as GGUF files under ``tmp_path``, stay in the session's home), and one engine for the whole session."""
 
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
 @pytest.fixture(scope="session", autouse=True)
 def rlvr_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("rlvr_home")
-    (_real_home / "models").mkdir(parents=True, exist_ok=True)
-    (home / "models").symlink_to(_real_home / "models")
+    cached = _real_home / "models"
+    (cached / "gguf").mkdir(parents=True, exist_ok=True)  # the embedded model's GGUF, downloaded once per machine
+    (home / "models").mkdir()
+    for entry in cached.iterdir():  # each, not the folder: what the session writes stays out of the user's cache
+        if not entry.name.startswith("."):  # lock files stay per session
+            (home / "models" / entry.name).symlink_to(entry)
     os.environ["RLVR_HOME"] = str(home)
     return home
 

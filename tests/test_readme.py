@@ -1,6 +1,6 @@
 """The README's commands are ones rlvr takes: every ``./rlvr`` line of its shell blocks names a command and options
 the CLI has, with settings (``key=value``) that resolve to a valid config; every Python block compiles; every link
-to a file of the repository and every path of its file map exists.
+to a file of the repository and every path of its file map (and of the whole map in ``docs/layout.md``) exists.
 
 What this cannot see: whether a command's run succeeds (the recipes, the loop and the server have their own tests)."""
 
@@ -20,6 +20,7 @@ from rlvr.rl.config import resolve_config
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
+LAYOUT = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")  # the whole file map
 RUN = "runs/arithmetic-20261123-014534"  # the run folder the README's examples name
 
 
@@ -60,9 +61,11 @@ def test_each_python_block_compiles(number):
     compile(BLOCKS[number][1], f"README.md python block {number}", "exec")
 
 
-def test_every_linked_file_and_file_map_path_exists():
-    links = re.findall(r"\]\(((?:docs|examples|bench|src|tests)/[^)#\s]+)", README)
-    file_map = next(body for kind, body in BLOCKS if kind == "" and "src/rlvr/" in body)
+def _file_map_paths(text: str) -> list[str]:
+    """The paths of the first unlabelled code block that names ``src/rlvr/``: a name per word, a folder's entries
+    indented two spaces under it."""
+    file_map = next(body for kind, body in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
+                    if kind == "" and "src/rlvr/" in body)
     paths, parents = [], {0: ""}
     for line in file_map.splitlines():
         entry = line.split("#")[0].rstrip()
@@ -74,5 +77,11 @@ def test_every_linked_file_and_file_map_path_exists():
             paths.append(parents.get(depth, "") + name)
         if len(names) == 1 and names[0].endswith("/"):
             parents[depth + 1] = parents.get(depth, "") + names[0]
-    missing = [p for p in links + paths if not (ROOT / p).exists()]
-    assert not missing, f"the README names paths that do not exist: {missing}"
+    return paths
+
+
+@pytest.mark.parametrize("name, text", [("README.md", README), ("docs/layout.md", LAYOUT)])
+def test_every_linked_file_and_file_map_path_exists(name, text):
+    links = re.findall(r"\]\(((?:docs|examples|bench|src|tests)/[^)#\s]+)", text) if name == "README.md" else []
+    missing = [p for p in links + _file_map_paths(text) if not (ROOT / p).exists()]
+    assert not missing, f"{name} names paths that do not exist: {missing}"

@@ -152,21 +152,26 @@ def assert_same_run(a: Path, b: Path, steps: int) -> None:
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a), "the final adapters differ"
 
 
-def check_two_processes(tmp_path: Path, body: str, run: str, steps: int) -> None:
-    for name in ("a", "b"):
-        run_to_the_end(body, tmp_path / name)
-    assert_same_run(tmp_path / "a" / run, tmp_path / "b" / run, steps)
+def straight_run(body: str, out: Path) -> Path:
+    """The uninterrupted run the others are compared with, in a fresh process, with the seconds from its first
+    checkpoint's record to its last in ``out/timing``; returns ``out``."""
+    done = run_process(body, out / "straight", timing=out / "timing")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
 
 
-def check_kill_and_resume(tmp_path: Path, body: str, run: str, steps: int) -> None:
+def check_two_processes(straight: Path, tmp_path: Path, body: str, run: str, steps: int) -> None:
+    """A second process with the same settings ends where the uninterrupted run did."""
+    run_to_the_end(body, tmp_path / "b")
+    assert_same_run(straight / "straight" / run, tmp_path / "b" / run, steps)
+
+
+def check_kill_and_resume(straight: Path, tmp_path: Path, body: str, run: str, steps: int) -> None:
     """Killed after the first checkpoint's metrics row, inside the second checkpoint's write, and at a random moment
     between the first checkpoint and the last (drawn from the uninterrupted run's timing; the seed is in the
-    message): each resumed run equals the uninterrupted one."""
-    timing = tmp_path / "timing"
-    done = run_process(body, tmp_path / "straight", timing=timing)
-    assert done.returncode == 0, done.stderr[-3000:]
+    message): each resumed run equals the uninterrupted one (``straight_run``, in ``straight``)."""
     seed = random.randrange(2**32)
-    delays = random.Random(seed).uniform(0, float(timing.read_text()))
+    delays = random.Random(seed).uniform(0, float((straight / "timing").read_text()))
     for die, resumes_from in (("after_first_checkpoint", 2), ("inside_second_checkpoint", 2),
                               (f"random:{delays:.3f}", None)):
         out = tmp_path / die.split(":")[0]
@@ -179,17 +184,23 @@ def check_kill_and_resume(tmp_path: Path, body: str, run: str, steps: int) -> No
             assert max(r["step"] for r in read_jsonl(out / run / "metrics.jsonl")) >= resumes_from  # rows to drop
         done = run_process(body, out, resume=True)
         assert done.returncode == 0, (die, seed, done.stderr[-3000:])
-        assert_same_run(tmp_path / "straight" / run, out / run, steps)
+        assert_same_run(straight / "straight" / run, out / run, steps)
         rollouts = sorted(p.name for p in (out / run / "rollouts").glob("step-*.jsonl"))
         assert rollouts == [f"step-{s:06d}.jsonl" for s in range(steps)], (die, seed)
 
 
-def test_two_processes_train_tiny_alike(tmp_path):
-    check_two_processes(tmp_path, _TINY, "run", 6)
+@pytest.fixture(scope="module")
+def tiny_straight(tmp_path_factory) -> Path:
+    """The uninterrupted tiny run, shared: the second process and every killed run are compared with it."""
+    return straight_run(_TINY, tmp_path_factory.mktemp("tiny"))
 
 
-def test_a_killed_and_resumed_tiny_run_equals_the_uninterrupted_one(tmp_path):
-    check_kill_and_resume(tmp_path, _TINY, "run", 6)
+def test_two_processes_train_tiny_alike(tiny_straight, tmp_path):
+    check_two_processes(tiny_straight, tmp_path, _TINY, "run", 6)
+
+
+def test_a_killed_and_resumed_tiny_run_equals_the_uninterrupted_one(tiny_straight, tmp_path):
+    check_kill_and_resume(tiny_straight, tmp_path, _TINY, "run", 6)
 
 
 @pytest.fixture(scope="module")
