@@ -5,6 +5,7 @@ import json
 import pathlib
 import shutil
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -12,6 +13,8 @@ from rlvr.cli import app
 from rlvr.errors import CheckpointError
 from rlvr.fileio import read_jsonl
 from rlvr.rl.checkpoints import last_checkpoint
+
+pytestmark = pytest.mark.slow  # whole runs through the command line
 
 runner = CliRunner()
 

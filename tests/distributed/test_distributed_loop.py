@@ -23,6 +23,8 @@ from rlvr.rewards.builtin import LengthPenalty  # noqa: E402
 from rlvr.rl.loop import DistributedConfig, LoopConfig, check_sampler_fresh, train  # noqa: E402
 from rlvr.tasks import ArithmeticSource  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a Ray cluster and whole runs on it
+
 # Tolerance of the Ray run against the in-process run. Sampling draws the same tokens (each request carries its
 # seed), so rewards, counts and advantages are identical. Floating-point values may differ in the last bits: a
 # replica batches other requests with a prompt than the single in-process engine does (padding and batch size

@@ -14,6 +14,8 @@ from rlvr.errors import ConfigurationError  # noqa: E402
 from rlvr.rewards import RewardItem, RewardRunner, resolve_reward  # noqa: E402
 from rlvr.rewards.registry import Reward  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a Ray cluster
+
 # The rewards below are defined in this test module, which Ray's workers cannot import: send them by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -33,6 +33,7 @@ def test_it_refuses_without_cuda(bench_gpu, monkeypatch, capsys):
     assert "torch sees none here" in err and "pass --smoke" in err
 
 
+@pytest.mark.slow
 def test_the_gpu_check_dry_run_runs_every_step_and_path_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -95,6 +95,7 @@ def mbpp_rows() -> list[dict]:
     return [json.loads(line) for p in paths for line in p.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_mbpp_reference_programs_pass_and_wrong_functions_fail(sandbox):
     rows = mbpp_rows()
     assert len(rows) == 374 + 90

@@ -38,6 +38,7 @@ def states(run):
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
+@pytest.mark.slow
 def test_a_run_keeps_what_keep_checkpoints_says_and_resumes_after_pruning(tmp_path):
     from test_loop import SayA, config, metrics_of
 
@@ -63,6 +64,7 @@ def test_a_run_keeps_what_keep_checkpoints_says_and_resumes_after_pruning(tmp_pa
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_the_final_checkpoint_is_kept_when_the_run_trains_further_and_zero_keeps_all(tmp_path):
     from test_loop import SayA, config
 
@@ -94,6 +96,7 @@ def test_checkpoints_live_in_the_run_folder_and_their_rlvr_paths_resolve_there(t
     assert not (checkpoint_root() / run_id).is_symlink()
 
 
+@pytest.mark.slow
 def test_an_older_run_with_checkpoints_under_rlvr_home_still_resumes_and_is_not_pruned(tmp_path):
     """Runs from before run folders owned their checkpoints: the states are real folders under $RLVR_HOME."""
     from test_loop import SayA, config
@@ -112,6 +115,7 @@ def test_an_older_run_with_checkpoints_under_rlvr_home_still_resumes_and_is_not_
     assert states(run) == ["step-000004"]
 
 
+@pytest.mark.slow
 def test_a_moved_run_folder_resumes_from_its_own_copy(tmp_path):
     from test_loop import SayA, config
 

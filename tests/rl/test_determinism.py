@@ -21,6 +21,8 @@ from rlvr.engine import checkpoint
 from rlvr.fileio import read_jsonl
 from rlvr.rl.checkpoints import last_checkpoint
 
+pytestmark = pytest.mark.slow  # whole runs in fresh processes, killed and resumed
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 TIMINGS = ("time/", "tokens_per_s")  # wall-clock readings: the only numbers allowed to differ
 
@@ -81,7 +83,7 @@ from rlvr.rl.run import resume, train
 if {resume!r}:
     resume({out!r})
 else:
-    train(overrides=["steps=8", "save_every=2", "problems_per_step=2", "group_size=4", "max_tokens=4",
+    train(overrides=["steps=4", "save_every=1", "problems_per_step=2", "group_size=4", "max_tokens=4",
                      "eval_problems=2", "seed=7", "out={out}"])
 """
 

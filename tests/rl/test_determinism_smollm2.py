@@ -1,5 +1,5 @@
-"""Same seed, same run on SmolLM2-135M as ``rlvr train`` runs it, as briefly as shows the point (8 steps, 2 problems of
-4 samples, 4 tokens, checkpoints every 2 steps): a second process ends bit for bit like the first, and a run killed
+"""Same seed, same run on SmolLM2-135M as ``rlvr train`` runs it, as briefly as shows the point (4 steps, 2 problems of
+4 samples, 4 tokens, a checkpoint every step): a second process ends bit for bit like the first, and a run killed
 (SIGKILL) inside its second checkpoint's write resumes to the same end. One uninterrupted run serves both.
 
 Every kill point (after a checkpoint, inside one, at a random moment) is shown on tiny in ``test_determinism.py``;
@@ -15,7 +15,7 @@ from test_determinism import _SMOLLM2, assert_same_run, run_process, run_to_the_
 
 from rlvr.rl.checkpoints import last_checkpoint
 
-STEPS = 8
+STEPS = 4
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,6 @@ def test_a_smollm2_run_killed_inside_a_checkpoint_write_resumes_to_the_uninterru
     out = tmp_path / "killed"
     killed = run_process(_SMOLLM2, out, die="inside_second_checkpoint")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert last_checkpoint(out)["step"] == 2  # the second checkpoint (step 4) never completed
+    assert last_checkpoint(out)["step"] == 1  # the second checkpoint (step 2) never completed
     run_to_the_end(_SMOLLM2, out, resume=True)
     assert_same_run(straight, out, STEPS)

@@ -132,6 +132,7 @@ def test_rollout_plays_every_turn_and_the_merged_datum_matches_the_trainer(servi
     assert max(gaps) < 1e-4
 
 
+@pytest.mark.slow
 def test_learning_through_the_env_api(service):
     """The five steps on envs: roll out groups, centre the episode rewards, datums, forward_backward, optim_step."""
     tc = service.create_lora_training_client(base_model="tiny", rank=8, seed=1)
@@ -270,6 +271,7 @@ def loop_metrics(path):
     return [json.loads(line) for line in (path / "run" / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_loop_trains_on_an_env_dataset(tmp_path):
     tokenizer = build_tiny_tokenizer()
     result = train(loop_config(tmp_path), RefineDataset(tokenizer))
@@ -286,6 +288,7 @@ def test_the_loop_trains_on_an_env_dataset(tmp_path):
     assert " again:" in record["response"] and record["advantage"] is not None
 
 
+@pytest.mark.slow
 def test_an_env_run_resumes_like_an_uninterrupted_one(tmp_path):
     tokenizer = build_tiny_tokenizer()
     straight = train(loop_config(tmp_path / "a", steps=4), RefineDataset(tokenizer))

@@ -75,6 +75,7 @@ def test_reward_rises(tmp_path):
         assert key in first, key
 
 
+@pytest.mark.slow
 def test_resume_matches_an_uninterrupted_run(tmp_path):
     straight = train(config(tmp_path / "a", steps=4), SayA())
     train(config(tmp_path / "b", steps=2, save_every=2), SayA())
@@ -103,6 +104,7 @@ def test_a_torn_checkpoint_line_falls_back_to_the_previous(tmp_path):
     assert last_checkpoint(run)["step"] == 2
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_resumes_from_the_previous(tmp_path):
     # A child process trains with save_every=1 and is SIGKILLed inside its second checkpoint's state write.
     script = f"""
@@ -237,6 +239,7 @@ def test_a_curriculum_stage_without_problems_is_refused(tmp_path):
         config(tmp_path, curriculum={3: 1})
 
 
+@pytest.mark.slow
 def test_entropy_bonus_raises_the_policys_entropy(tmp_path):
     # Same seed and task; a strong bonus (entropy_coef 1) ends with a more spread-out policy than no bonus
     # (optim/entropy: the sampled per-token entropy estimate), and a negative weight is refused.
@@ -252,6 +255,7 @@ def test_entropy_bonus_raises_the_policys_entropy(tmp_path):
         config(tmp_path, entropy_coef=-0.1)
 
 
+@pytest.mark.slow
 def test_streamed_minibatches_give_the_synchronous_update(tmp_path):
     # Two parts of one step, each trained as soon as it is scored, one optim_step after both: the gradient is the
     # sum over the same datums, so the weights and the rewards equal the synchronous run's (to summation order).
@@ -271,6 +275,7 @@ def test_streamed_minibatches_give_the_synchronous_update(tmp_path):
     assert any((w_two[k] - w_sync[k]).abs().max() > 1e-4 for k in w_sync)
 
 
+@pytest.mark.slow
 def test_off_policy_batches_sample_with_older_weights(tmp_path):
     # max_steps_off_policy=1: step s trains on a batch sampled with the weights of step s-1 (step 0: its own). The
     # sampler/trainer KL shows it: ~0 at step 0 and in every synchronous step, clearly not 0 once a batch is one
@@ -310,6 +315,7 @@ def test_failing_auxiliary_outputs_are_counted_and_training_goes_on(tmp_path, mo
     assert last_checkpoint(tmp_path / "run")["step"] == 2
 
 
+@pytest.mark.slow
 def test_step_metrics_cover_every_minibatch(tmp_path):
     # Streamed in two parts with one optim_step after both, a step trains on the same datums with the same weights
     # as the synchronous step: its loss (a sum) must be the whole step's, not the last part's. With two substeps,

@@ -144,6 +144,7 @@ def test_gsm8k_recipe_runs_on_the_qwen2_5_0_5b_shape_given_by_folder(tmp_path):
     check_a_run_without_warm_up(run, result, model)
 
 
+@pytest.mark.slow
 def test_python_api_with_warm_up(tmp_path):
     """rpn on tiny: the supervised warm-up lowers its loss, then RL starts from the warmed-up weights. The summary's
     baseline is the base model's held-out evaluation (before the warm-up), ``after_warmup`` the warmed-up model's:

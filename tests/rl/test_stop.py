@@ -77,6 +77,7 @@ def alive(pids: set[int]) -> set[int]:
     return living
 
 
+@pytest.mark.slow
 def test_sigterm_between_checkpoints_checkpoints_the_step_reached_and_resumes_to_the_uninterrupted_run(tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     uninterrupted = rlvr("train", *TINY, f"out={straight}")
@@ -105,6 +106,7 @@ def test_sigterm_between_checkpoints_checkpoints_the_step_reached_and_resumes_to
     assert_same_run(straight, stopped, 8)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_ray_run_cleanly_and_its_cluster_goes_with_it(tmp_path):
     """ray.init takes SIGTERM for itself (it would end the run at once, marked failed): the run takes it back."""
     pytest.importorskip("ray")
@@ -123,6 +125,7 @@ def test_sigterm_stops_a_ray_run_cleanly_and_its_cluster_goes_with_it(tmp_path):
     assert children and not alive(children), "Ray processes outlived the run"
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
     out = tmp_path / "run"  # steps of a few seconds: the second Ctrl-C comes while the first one's step runs
     run = rlvr("train", *TINY, "steps=400", "save_every=0", "problems_per_step=8", "group_size=8", "max_tokens=48",
@@ -170,6 +173,7 @@ def test_a_stop_in_an_evaluation_or_a_second_request_ends_at_once():
         pass  # asked for already: nothing abandonable starts
 
 
+@pytest.mark.slow
 def test_rlvr_sft_stopped_and_resumed_ends_with_the_uninterrupted_weights(tmp_path):
     import rlvr as api
     from rlvr.rl.sft import SftConfig, sft

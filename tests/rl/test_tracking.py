@@ -109,6 +109,7 @@ def fast_sqlite():
     sqlalchemy.event.remove(sqlalchemy.engine.Engine, "connect", no_sync)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning")  # MLflow's
 def test_mlflow_writes_a_sqlite_store_in_the_run_folder(tmp_path, offline, fast_sqlite):
     pytest.importorskip("mlflow")
@@ -148,6 +149,7 @@ def test_tensorboard_event_files_keep_tag_names(tmp_path, offline):
     assert not any(offline.rglob("*")), "TensorBoard wrote to the home folder"
 
 
+@pytest.mark.slow
 def test_wandb_run_stays_offline_in_the_run_folder(tmp_path, offline):
     wandb = pytest.importorskip("wandb")
 

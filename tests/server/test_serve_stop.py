@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # rlvr serve in fresh processes
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 API_KEY = "tml-test-key-0123456789"
 

@@ -44,6 +44,8 @@ from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilde
 
 from rlvr.engine.models.tiny import build_tiny_tokenizer
 
+pytestmark = pytest.mark.slow  # the cookbook's RL loop, whole, through the server
+
 STEPS = 8
 WINDOW = 2  # steps averaged at each end
 MIN_RISE = 0.15  # digit share, out of 1

@@ -46,6 +46,8 @@ from tinker_cookbook import model_info, tokenizer_utils
 from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.fileio import read_jsonl
 
+pytestmark = pytest.mark.slow  # the cookbook's recipes, whole, through the server
+
 RENDERER = "role_colon"
 CONVERSATIONS = Path(tokenizer_utils.__file__).parent / "example_data" / "conversations.jsonl"
 SL_STEPS = 6

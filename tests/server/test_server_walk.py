@@ -580,6 +580,7 @@ def _invoke(method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 ROWS = [(cls, name) for cls, rows in TABLE.items() for name in rows]
 
 
+@pytest.mark.slow  # every SDK method through the server, each with its checks: about a minute in all
 @pytest.mark.parametrize(("cls", "name"), ROWS, ids=[f"{c.__name__}.{n}" for c, n in ROWS])
 def test_walk(walk, cls, name):
     _walk_row(walk, cls, name, TABLE[cls][name])
@@ -669,6 +670,7 @@ DIMUON_ROWS: dict[str, tuple[type, str, Row]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(DIMUON_ROWS))
 def test_walk_dimuon(walk, variant):
     """Each SDK method that takes or depends on the optimizer, called for Dimuon: held to the walk's outcomes."""

@@ -23,6 +23,7 @@ def complete_script() -> str:
     pytest.skip("the TenSafe RLVR cookbook is not among the seeds")
 
 
+@pytest.mark.slow
 def test_complete_script_runs_with_imports_changed(tmp_path, monkeypatch):
     script = complete_script()
     script = script.replace("from tg_tinker import", "from rlvr.rl.tensafe import")
