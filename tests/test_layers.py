@@ -1,4 +1,5 @@
-"""The layers of /work/shared/DESIGN.md hold: no module of ``rlvr`` imports what its layer must not.
+"""The layers of /work/shared/DESIGN.md hold: no module of ``rlvr`` imports what its layer must not, none imports the
+package face (``rlvr/__init__.py``: it imports the library, never the other way), and no two modules import each other.
 
 Every module under ``src/rlvr`` is parsed with ``ast`` (nothing is imported or run), and every import in it is an
 arrow: module-level or inside a function, class or ``if TYPE_CHECKING`` block, ``import x``, ``from x import y``
@@ -133,10 +134,60 @@ def violations(package_dir: Path) -> list[str]:
     return found
 
 
+def module_names(package_dir: Path) -> set[str]:
+    """The dotted name of every module and package under ``package_dir``."""
+    return {_module_name(path, package_dir.parent)[0] for path in package_dir.rglob("*.py")}
+
+
+def _imported_modules(arrow: Arrow, modules: set[str]) -> set[str]:
+    """The modules ``arrow`` reaches: each target as the longest module it names (``from x import f`` reaches ``x``,
+    ``from x import sub`` reaches ``x.sub`` only); targets outside the package are left out."""
+    def module_of(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    names = arrow.targets[1:] or arrow.targets
+    return {m for m in map(module_of, names) if m and m != arrow.module}
+
+
+def face_imports(package_dir: Path) -> list[str]:
+    """One line per module that imports the top package itself (``import rlvr``, or ``from rlvr import`` a name that
+    is not a module), the face excepted."""
+    top, modules = package_dir.name, module_names(package_dir)
+    found = []
+    for arrow in arrows(package_dir):
+        if arrow.module != top and arrow.targets[0] == top and top in _imported_modules(arrow, modules):
+            found.append(f"{arrow.path.relative_to(package_dir.parent)}:{arrow.line}: {arrow.module} imports the "
+                         f"package face {top}; import the module the name lives in ({top}.client, ...)")
+    return found
+
+
+def circles(package_dir: Path) -> list[str]:
+    """One line per pair of modules that import each other (at any depth of their code, type-checking blocks too)."""
+    modules = module_names(package_dir)
+    reaches: dict[str, dict[str, int]] = {}
+    for arrow in arrows(package_dir):
+        for target in _imported_modules(arrow, modules):
+            reaches.setdefault(arrow.module, {}).setdefault(target, arrow.line)
+    return [f"{a} (line {lines[b]}) and {b} (line {reaches[b][a]}) import each other"
+            for a, lines in sorted(reaches.items()) for b in sorted(lines) if a < b and a in reaches.get(b, {})]
+
+
 def test_rlvr_keeps_its_layers():
     assert SRC.name == "rlvr" and (SRC / "engine").is_dir()
     found = violations(SRC)
     assert not found, "forbidden imports (DESIGN.md, 'Packages'):\n" + "\n".join(found)
+
+
+def test_no_module_imports_the_package_face():
+    found = face_imports(SRC)
+    assert not found, "imports of the package face (DESIGN.md: arrows point down only):\n" + "\n".join(found)
+
+
+def test_no_two_modules_import_each_other():
+    found = circles(SRC)
+    assert not found, "import circles:\n" + "\n".join(found)
 
 
 def test_every_module_is_read():
@@ -214,3 +265,27 @@ def test_relative_imports_resolve_against_the_importer():
     assert base("from ..engine import x", "rlvr.rl.loop", False) == "rlvr.engine"
     assert base("from ...engine.lora import x", "rlvr.rl.tensafe", True) == "rlvr.engine.lora"
     assert base("from rlvr.engine import x", "rlvr.rl.loop", False) == "rlvr.engine"
+
+
+def test_planted_face_imports_and_circles_are_caught(tmp_path):
+    package = _tree(tmp_path, {
+        "rlvr/__init__.py": "from rlvr.client import ServiceClient\n",
+        "rlvr/client.py": "from rlvr import types\n",
+        "rlvr/types.py": "",
+        "rlvr/rl/__init__.py": "",
+        "rlvr/rl/phases.py": "import rlvr\n",
+        "rlvr/rl/run.py": "def late():\n    from rlvr import ServiceClient\n",
+        "rlvr/rl/config.py": "from rlvr.rl.recipes import RECIPES\n",
+        "rlvr/rl/recipes.py": """\
+            from typing import TYPE_CHECKING
+
+            if TYPE_CHECKING:
+                from rlvr.rl.config import TrainConfig
+            """,
+        "rlvr/rl/loop.py": "from rlvr.rl import phases\nfrom . import config\n",
+    })
+    assert [line.split(";")[0] for line in face_imports(package)] == [
+        "rlvr/rl/phases.py:1: rlvr.rl.phases imports the package face rlvr",
+        "rlvr/rl/run.py:2: rlvr.rl.run imports the package face rlvr",
+    ]
+    assert circles(package) == ["rlvr.rl.config (line 1) and rlvr.rl.recipes (line 4) import each other"]

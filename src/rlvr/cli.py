@@ -121,8 +121,8 @@ def train(
 ) -> None:
     """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table.
     SIGTERM or Ctrl-C checkpoint the step in flight and print the command that resumes the run."""
-    from rlvr.rl.run import build_source
     from rlvr.rl.run import train as run
+    from rlvr.rl.sources import build_source
 
     resolved = _config(recipe, config, data, overrides)
     build_source(resolved)  # data files, task keys and the reward, checked before the model loads

@@ -33,10 +33,11 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.engine import checkpoint
 from rlvr.engine.device import resolve_device
-from rlvr.engine.engine import CustomLossFn, Engine, SamplerHandle, Trainer
+from rlvr.engine.engine import CustomLossFn, Engine, Trainer
 from rlvr.engine.models.load import canonical_name
 from rlvr.engine.models.lora import LORA_ALPHA, LoraSpec
 from rlvr.engine.sample.scores import ScoreRequest
+from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.engine.train.optim import check_params_for, config_of, kind_of, kind_of_config
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision

@@ -13,7 +13,7 @@ from rlvr.errors import ConfigurationError
 from rlvr.fileio import read_jsonl
 from rlvr.rl.config import resolve_config
 from rlvr.rl.evaluation import pass_at_k
-from rlvr.rl.run import build_source
+from rlvr.rl.sources import build_source
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 

@@ -12,7 +12,7 @@ pytest.importorskip("textarena")
 from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError, RewardError
 from rlvr.rl.config import resolve_config
-from rlvr.rl.recipes import build_source
+from rlvr.rl.sources import build_source
 from rlvr.rl.textarena import TextArenaDataset, TextArenaEnv
 
 

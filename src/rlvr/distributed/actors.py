@@ -31,7 +31,8 @@ from rlvr.client import ServiceClient, TrainingClient
 from rlvr.distributed.cluster import RestartableActor
 from rlvr.distributed.weights import adapter_digest, files_digest, read_folder, received_files, write_folder
 from rlvr.engine import checkpoint
-from rlvr.engine.engine import Engine, SamplerHandle
+from rlvr.engine.engine import Engine
+from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.errors import SamplingError
 
 BASE_DIGEST = "base-model"

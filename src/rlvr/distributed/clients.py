@@ -29,8 +29,9 @@ from typing import Any
 from tinker import types
 
 from rlvr.client import _async_of, _SelfFuture, adam_of
-from rlvr.distributed.cluster import Replicas, import_ray, unwrap
+from rlvr.distributed.cluster import Replicas, import_ray
 from rlvr.distributed.futures import ActorFuture
+from rlvr.distributed.remote import unwrap
 from rlvr.errors import ConfigurationError, SamplingError, WorkerLostError
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from rlvr.distributed.remote import unwrap
 from rlvr.errors import ConfigurationError, WorkerLostError
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
 
 MAX_RESTARTS = 4
 """How often Ray restarts a dead sampler or reward actor before giving it up."""
-MAX_ATTEMPTS = 4
-"""Tries per request (the first included) when its actor dies; each retry waits for the restarted actor."""
 RESTART_TIMEOUT_S = 180.0
 """Longest wait for a restarted actor to answer again (it re-imports torch and reloads the base model)."""
 
@@ -62,15 +61,6 @@ def actor_env() -> dict[str, Any]:
     the model cache resolve to the same folders as here (on one machine; on a cluster set it on every node)."""
     home = os.environ.get("RLVR_HOME")
     return {"env_vars": {"RLVR_HOME": home}} if home else {}
-
-
-def unwrap(exc: BaseException) -> BaseException:
-    """The exception an actor raised, out of Ray's RayTaskError wrapper (which keeps the remote traceback)."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException) and type(exc).__name__.startswith("RayTaskError"):
-        cause.__cause__ = exc
-        return cause
-    return exc
 
 
 @dataclass(frozen=True)

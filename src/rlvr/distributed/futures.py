@@ -3,7 +3,7 @@
 What it is: ``result()`` / ``await`` / ``future()`` as Tinker's futures have them; the call's own exception is raised
 as itself (unwrapped from Ray's RayTaskError); an actor death is handed to a ``recover`` callback (see
 ``cluster.Replicas.recover``) which waits for Ray's restart, and the call is sent again, up to
-:data:`~rlvr.distributed.cluster.MAX_ATTEMPTS` times in all; otherwise the call fails with WorkerLostError.
+:data:`MAX_ATTEMPTS` times in all; otherwise the call fails with WorkerLostError.
 
 What it is not: the policy of what to do on a restart (``cluster.Replicas``). This module imports tinker, and with
 it torch, so the torch-free reward actors never import it.
@@ -20,10 +20,13 @@ from typing import Any, Generic, TypeVar
 
 from tinker.lib.public_interfaces.api_future import APIFuture
 
-from rlvr.distributed.cluster import MAX_ATTEMPTS, unwrap
+from rlvr.distributed.remote import unwrap
 from rlvr.errors import WorkerLostError
 
 T = TypeVar("T")
+
+MAX_ATTEMPTS = 4
+"""Tries per request (the first included) when its actor dies; each retry waits for the restarted actor."""
 
 
 class ActorFuture(APIFuture[T], Generic[T]):

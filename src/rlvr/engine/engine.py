@@ -31,7 +31,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +49,7 @@ from rlvr.engine.models.lora import AdapterHost, LoraSpec
 from rlvr.engine.sample import sampler
 from rlvr.engine.sample.sampler import SampleJob, Sequence_, resolve_params
 from rlvr.engine.sample.scores import ScoreRequest
-from rlvr.engine.sample_queue import SampleQueue
+from rlvr.engine.sample_queue import SampleQueue, SamplerHandle
 from rlvr.engine.train import optim
 from rlvr.engine.train.batch import CheckedDatum, check_data, model_input_tokens
 from rlvr.engine.train.losses import resolve_loss
@@ -106,17 +106,6 @@ class _EngineThread(ThreadPoolExecutor):
         if self.share is None:
             return super().submit(fn, *args, **kwargs)
         return super().submit(self.share.run, fn, *args, **kwargs)
-
-
-@dataclass
-class SamplerHandle:
-    """What a SamplingClient samples from: a base model and an adapter (None: the base model itself)."""
-
-    host: AdapterHost
-    adapter: str | None
-    model_path: str | None
-    rng: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(secrets.randbits(62)))
-    """Draws the seed of each request that brings none."""
 
 
 class Engine:

@@ -16,7 +16,9 @@ numbers depend on its timing there. Requests submitted together as a unit (``sub
 therefore decode as batches of their own, never joined by another request: the same requests give the same numbers
 bit for bit on every path, however busy the machine is.
 
-The Engine owns one queue and runs ``drain`` on its own thread, behind whatever jobs were queued before.
+The Engine owns one queue and runs ``drain`` on its own thread, behind whatever jobs were queued before. What a
+request samples from, a base model and an adapter, is its ``SamplerHandle`` (defined here: the queue groups requests
+by it).
 
 Not here: checking a request and drawing its seed (``Engine.submit_sample``), the decode itself
 (``sample/sampler.py``, ``gpu/device_sampler.py``) and which of the two runs (the engine).
@@ -25,29 +27,39 @@ Not here: checking a request and drawing its seed (``Engine.submit_sample``), th
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
+from rlvr.engine.models.lora import AdapterHost
 from rlvr.engine.sample.sampler import SampleJob, Sequence_
 from rlvr.engine.sample.scores import ScoreRequest, mask_before_last_n, prompt_fields, sample_topk
-
-if TYPE_CHECKING:
-    from rlvr.engine.engine import SamplerHandle
 
 SAMPLE_GATHER_S = 0.002  # a sampling batch waits until requests stop arriving for this long (see SampleQueue.drain)
 
 PromptLogprobs = Callable[[torch.nn.Module, list[int], int], np.ndarray]
 """``(model, tokens, pad_id) -> (T,)`` log p(token_i | tokens_<i), NaN at 0: ``Engine._prompt_logprobs``."""
+
+
+@dataclass
+class SamplerHandle:
+    """What a SamplingClient samples from: a base model and an adapter (None: the base model itself)."""
+
+    host: AdapterHost
+    adapter: str | None
+    model_path: str | None
+    rng: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(secrets.randbits(62)))
+    """Draws the seed of each request that brings none."""
+
 
 SampleBatch = Callable[[torch.nn.Module, list[SampleJob], Callable[[list[int]], str], int], list[list[Sequence_]]]
 """``(model, jobs, decode, pad_id) -> each job's sequences``: one batched decode (``Engine._sample_batch``)."""

@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-import rlvr
 from rlvr import types
+from rlvr.client import ServiceClient
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.datums import rl_datum, sample_train_metrics
 from rlvr.rl.plot import plot_run
@@ -92,7 +92,7 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
     eval_problems = [make_problem(random.Random(10_000 + i), config.max_operand) for i in range(config.eval_problems)]
 
     # Setup: one LoRA training client; its tokenizer renders prompts through the model's chat template.
-    service = rlvr.ServiceClient()
+    service = ServiceClient()
     training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
                                                            seed=config.seed)
     tokenizer = training_client.get_tokenizer()

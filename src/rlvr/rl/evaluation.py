@@ -54,10 +54,10 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     """Evaluate on the held-out split of ``config``'s task (a TrainConfig, a dict of settings or a YAML path);
     writes per-problem records to ``out`` (JSONL). ``console`` (a rich Console): shows the problems answered so far,
     with the rate and ETA (``progress.py``); None: quiet."""
-    import rlvr
     from rlvr import types
+    from rlvr.client import ServiceClient
     from rlvr.rewards import RewardItem, RewardRunner
-    from rlvr.rl.run import build_source
+    from rlvr.rl.sources import build_source
 
     if num_samples < 1:
         raise ConfigurationError(f"num_samples={num_samples}: must be >= 1")
@@ -66,7 +66,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         raise ConfigurationError(f"k={list(k)}: each k must be between 1 and num_samples={num_samples}")
     config = as_config(config)
     source = source or build_source(config)
-    service = rlvr.ServiceClient(precision=config.precision)  # a run's recorded precision
+    service = ServiceClient(precision=config.precision)  # a run's recorded precision
     if checkpoint is None:
         sampler = service.create_sampling_client(base_model=config.base_model)
         tokenizer = sampler.get_tokenizer()

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import rlvr
 from rlvr import types
+from rlvr.client import ServiceClient
 from rlvr.errors import ConfigurationError, RunInterrupted, SamplingError
 from rlvr.metrics import reduce_metrics
 from rlvr.precision import base_precision
@@ -376,7 +376,7 @@ def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: s
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (envs score
     themselves: no runner). Their engines multiply in ``precision``."""
     if isinstance(source, RLDataset):
-        return rlvr.ServiceClient(precision=precision), None
+        return ServiceClient(precision=precision), None
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
@@ -384,7 +384,7 @@ def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: s
             check_vllm_arithmetic(config, precision)
         return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed,
                            precision=precision)
-    return rlvr.ServiceClient(precision=precision), RewardRunner(source.reward(), timeout=config.reward_timeout)
+    return ServiceClient(precision=precision), RewardRunner(source.reward(), timeout=config.reward_timeout)
 
 
 def check_vllm_arithmetic(config: LoopConfig, precision: str) -> None:

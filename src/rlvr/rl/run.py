@@ -33,14 +33,13 @@ from rlvr.errors import ConfigurationError, RunInterrupted
 from rlvr.fileio import append_jsonl, write_atomic
 from rlvr.precision import base_precision
 from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config, save_config
-from rlvr.rl.evaluation import evaluate
 from rlvr.rl.progress import StepProgress, evaluation, make_console
-from rlvr.rl.recipes import build_source
 from rlvr.rl.sft import sft
+from rlvr.rl.sources import build_source
 from rlvr.rl.status import Stopped, running
 from rlvr.rl.stop import StopRequest
 
-__all__ = ["build_source", "evaluate", "resume", "sft", "train"]
+__all__ = ["resume", "train"]
 
 def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overrides: list[str] | None = None,
           console: Any = None) -> dict[str, Any]:
@@ -177,7 +176,7 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
     """Supervised warm-up on the source's worked solutions, continued from ``warmed`` (its last checkpoint) when
     there is one; checkpointed every ``warmup.save_every`` steps, at the end and where a stop finds it (pruned as
     ``keep_checkpoints`` says). Returns the state RL starts from."""
-    import rlvr
+    from rlvr.client import ServiceClient
     from rlvr.rl.auxiliary import AuxiliaryOutputs
     from rlvr.rl.checkpoints import WARMUP, last_checkpoint, own_checkpoints, prune_checkpoints, record_checkpoint
     from rlvr.rl.sft import encode_pair, supervised_steps
@@ -186,7 +185,7 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
     steps, log = config.warmup.steps, run_dir / "warmup.jsonl"
     if warmed is not None and warmed["step"] >= steps:
         return warmed["state_path"]
-    service = rlvr.ServiceClient(precision=base_precision(config.precision))
+    service = ServiceClient(precision=base_precision(config.precision))
     with stop.abandonable():  # loading the model: nothing to keep yet
         if warmed is None:
             training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,

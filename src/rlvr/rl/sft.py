@@ -171,13 +171,13 @@ def _resumed_step(config: SftConfig, run_dir: Path) -> int:
 
 def _sft(config: SftConfig, run_dir: Path, start: int, stop: Any,
          on_step: Callable[[int, dict[str, float]], None]) -> str:
-    import rlvr
+    from rlvr.client import ServiceClient
     from rlvr.errors import RunInterrupted
     from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, record_checkpoint
     from rlvr.rl.tracking import open_trackers
 
     pairs = read_pairs(config.data)
-    service = rlvr.ServiceClient()
+    service = ServiceClient()
     with stop.abandonable():  # loading the model: nothing to keep yet
         if start:
             training_client = service.create_training_client_from_state_with_optimizer(

@@ -266,7 +266,7 @@ class Sandbox(SandboxBackend):
             if self._closed:
                 raise SandboxError("this Sandbox is closed; create a new one")
             if self._stream is None:
-                self._stream = JobStream(self)
+                self._stream = JobStream(self._lock, self._drive)
         return self._stream.put(job)
 
     def _run_batch(self, jobs: list[Job]) -> list[SandboxResult | ScriptResult]:

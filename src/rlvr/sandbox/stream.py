@@ -16,13 +16,12 @@ import os
 import select
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlvr.errors import SandboxError
-
-if TYPE_CHECKING:
-    from rlvr.sandbox.executor import Job, Sandbox
+from rlvr.sandbox.frames import Job
 
 
 class _Results:
@@ -39,10 +38,11 @@ class _Results:
 
 
 class JobStream:
-    """The inbox and feeding thread of one :class:`Sandbox` (created by its first ``submit``)."""
+    """The inbox and feeding thread of one :class:`Sandbox` (created by its first ``submit``): ``pool_lock`` is the
+    pool's lock (``Sandbox._lock``), held while anything runs, and ``drive`` its loop (``Sandbox._drive``)."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
-        self._sandbox = sandbox
+    def __init__(self, pool_lock: threading.Lock, drive: Callable[..., None]) -> None:
+        self._pool_lock, self._drive = pool_lock, drive
         self._inbox: deque[tuple[Job, Future]] = deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -106,9 +106,9 @@ class JobStream:
                     break
             queue: deque[int] = deque()
             try:
-                with self._sandbox._lock:
-                    self._sandbox._drive(self._jobs, queue, _Results(self._jobs, self._futures),
-                                         functools.partial(self._intake, queue), self._wake_r)
+                with self._pool_lock:
+                    self._drive(self._jobs, queue, _Results(self._jobs, self._futures),
+                                functools.partial(self._intake, queue), self._wake_r)
             except _Closed:
                 break
             except BaseException as exc:  # no server could start, say: every waiting caller hears why

@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from tinker import types
 
-import rlvr
+from rlvr.client import ServiceClient
 from rlvr.engine.train.optim import check_params_for, kind_of_config, kind_of_params
 from rlvr.errors import ConfigurationError, RlvrError, RunInterrupted
 from rlvr.server import wire
@@ -61,7 +61,7 @@ has just closed (uvicorn's default of 5 s makes the SDK see connection errors an
 
 
 def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path | None = None,
-               service: rlvr.ServiceClient | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               service: ServiceClient | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                long_poll_s: float = 25.0, compress_fwdbwd: bool = True, gap_timeout_s: float = 10.0,
                url_lifetime_s: float = DEFAULT_LIFETIME_S) -> FastAPI:
     """The ASGI app serving Tinker's protocol on ``service`` (default: a ``rlvr.ServiceClient()`` on the shared engine).

@@ -55,7 +55,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from tinker import types
 
-import rlvr
+from rlvr.client import SamplingClient, ServiceClient
 from rlvr.errors import RlvrError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.auth import BodyTooLarge
@@ -80,10 +80,10 @@ class Models:
     Clients are kept for the last ``keep`` checkpoints and every base model, so a checkpoint's adapter is not read
     from disk on every request; a checkpoint saved again under the same name gets a new client."""
 
-    def __init__(self, state: ServerState, catalog: Catalog, pinned: dict[str, rlvr.SamplingClient],
+    def __init__(self, state: ServerState, catalog: Catalog, pinned: dict[str, SamplingClient],
                  keep: int = 8) -> None:
         self.state, self.catalog, self.pinned, self.keep = state, catalog, pinned, keep
-        self._clients: OrderedDict[tuple[str, int | None], rlvr.SamplingClient] = OrderedDict()
+        self._clients: OrderedDict[tuple[str, int | None], SamplingClient] = OrderedDict()
 
     def base_models(self) -> list[str]:
         return [m.model_name for m in self.state.service.get_server_capabilities().supported_models if m.model_name]
@@ -107,7 +107,7 @@ class Models:
         return [{"id": name, "object": "model", "owned_by": "rlvr", "root": name, **info}
                 for name, info in found.items()]
 
-    async def client(self, model: str, owner: str) -> rlvr.SamplingClient:
+    async def client(self, model: str, owner: str) -> SamplingClient:
         from rlvr.engine.checkpoint import resolve
         from rlvr.engine.models.load import canonical_name
 
@@ -165,7 +165,7 @@ def _params(req: SamplingRequest, max_tokens: int | None) -> types.SamplingParam
                                 stop=list(req.stop) or None, seed=req.seed)
 
 
-async def _sample(client: rlvr.SamplingClient, prompt: list[int], req: SamplingRequest, max_tokens: int | None,
+async def _sample(client: SamplingClient, prompt: list[int], req: SamplingRequest, max_tokens: int | None,
                   top: int) -> types.SampleResponse:
     try:
         return await client.sample(types.ModelInput.from_ints(prompt), req.n, _params(req, max_tokens),
@@ -232,7 +232,7 @@ def _stream(chunks: list[dict[str, Any]]) -> StreamingResponse:
 # -- routes -----------------------------------------------------------------------------------------------------------
 
 def openai_routes(state: ServerState, catalog: Catalog,
-                  sampling_clients: Iterable[rlvr.SamplingClient] = ()) -> FastAPI:
+                  sampling_clients: Iterable[SamplingClient] = ()) -> FastAPI:
     """The routes (``/models``, ``/completions``, ``/chat/completions``) as an app to mount at ``/v1``, sampling
     through ``state.service`` and serving each of ``sampling_clients`` under its ``model_path`` (or base model)."""
     pinned = {c.model_path or c.get_base_model(): c for c in sampling_clients}
@@ -323,21 +323,21 @@ def openai_routes(state: ServerState, catalog: Catalog,
     return app
 
 
-def create_openai_app(service: rlvr.ServiceClient | None = None,
-                      sampling_clients: Iterable[rlvr.SamplingClient] = ()) -> FastAPI:
+def create_openai_app(service: ServiceClient | None = None,
+                      sampling_clients: Iterable[SamplingClient] = ()) -> FastAPI:
     """The OpenAI routes alone, at ``/v1``, for in-process use: no API key (nothing outside the process reaches
     it), every checkpoint on disk visible. ``service`` samples base models and checkpoints (default: a
     ``rlvr.ServiceClient()`` on the shared engine, or the engine of the first of ``sampling_clients``)."""
     clients = list(sampling_clients)
     if service is None:
-        service = rlvr.ServiceClient(engine=clients[0].engine) if clients else rlvr.ServiceClient()
+        service = ServiceClient(engine=clients[0].engine) if clients else ServiceClient()
     state = ServerState(service)
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/v1", openai_routes(state, Catalog(state), clients))
     return app
 
 
-def openai_client(client: rlvr.ServiceClient | rlvr.SamplingClient | None = None, **options: Any) -> Any:
+def openai_client(client: ServiceClient | SamplingClient | None = None, **options: Any) -> Any:
     """An ``openai.AsyncOpenAI`` that samples from ``client`` in this process, through ``create_openai_app`` over
     ``httpx.ASGITransport`` (no socket). A ``ServiceClient`` serves base models and saved sampler checkpoints; a
     ``SamplingClient`` is served as model ``client.model_path or client.get_base_model()`` besides those. ``options``
@@ -346,7 +346,7 @@ def openai_client(client: rlvr.ServiceClient | rlvr.SamplingClient | None = None
     import httpx
     import openai
 
-    if isinstance(client, rlvr.SamplingClient):
+    if isinstance(client, SamplingClient):
         app = create_openai_app(sampling_clients=[client])
     else:
         app = create_openai_app(client)

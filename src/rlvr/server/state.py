@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import rlvr
+from rlvr.client import SamplingClient, ServiceClient, TrainingClient
 
 __all__ = ["FutureStore", "Gone", "ModelEntry", "SamplerEntry", "SeqIdRefused", "Sequencer", "ServerState",
            "Session", "UnknownId", "chain", "done"]
@@ -257,7 +257,7 @@ class ModelEntry:
     owner: str
     base_model: str | None
     sequencer: Sequencer
-    client: rlvr.TrainingClient | None = None
+    client: TrainingClient | None = None
     user_metadata: dict[str, Any] | None = None
     last_request_time: float = field(default_factory=time.time)
 
@@ -267,7 +267,7 @@ class SamplerEntry:
     sampler_id: str
     session_id: str
     owner: str
-    client: rlvr.SamplingClient
+    client: SamplingClient
     base_model: str
     model_path: str | None
     seq: itertools.count = field(default_factory=itertools.count)
@@ -276,9 +276,9 @@ class SamplerEntry:
 class ServerState:
     """Every session, model, sampler and future of one server, over one ``rlvr.ServiceClient``."""
 
-    def __init__(self, service: rlvr.ServiceClient | None = None, *, gap_timeout_s: float = 10.0,
+    def __init__(self, service: ServiceClient | None = None, *, gap_timeout_s: float = 10.0,
                  future_ttl_s: float = 900.0, dispatch_threads: int = 8) -> None:
-        self.service = service or rlvr.ServiceClient()
+        self.service = service or ServiceClient()
         self.pool = ThreadPoolExecutor(max_workers=dispatch_threads, thread_name_prefix="rlvr-server")
         self.futures = FutureStore(future_ttl_s)
         self.gap_timeout_s = gap_timeout_s
@@ -342,20 +342,20 @@ class ServerState:
         entry.last_request_time = time.time()
         return entry
 
-    def bind(self, entry: ModelEntry, client: rlvr.TrainingClient) -> None:
+    def bind(self, entry: ModelEntry, client: TrainingClient) -> None:
         """Attach the rlvr client that now backs ``entry``."""
         entry.client = client
         self.run_owners[client.model_id] = entry.owner
         self.run_of_model[entry.model_id] = client.model_id
 
-    def trainer(self, entry: ModelEntry) -> rlvr.TrainingClient:
+    def trainer(self, entry: ModelEntry) -> TrainingClient:
         if entry.client is None:
             raise UnknownId(f"model {entry.model_id!r} failed to load or is still loading; create it again")
         return entry.client
 
     # -- samplers ---------------------------------------------------------------------------------------------------
 
-    def add_sampler(self, session: Session, seq_id: int, client: rlvr.SamplingClient, base_model: str,
+    def add_sampler(self, session: Session, seq_id: int, client: SamplingClient, base_model: str,
                     model_path: str | None) -> SamplerEntry:
         entry = SamplerEntry(f"{session.session_id}:sample:{seq_id}", session.session_id, session.owner, client,
                              base_model, model_path)

@@ -19,8 +19,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-import rlvr
 from rlvr.client import LORA_ALPHA
+from rlvr.client import ServiceClient as RlvrServiceClient
+from rlvr.client import TrainingClient as RlvrTrainingClient
 from rlvr.errors import ConfigurationError
 from rlvr.rewards import register_reward, resolve_reward
 from rlvr.rl.tensafe.algorithms import (
@@ -95,7 +96,7 @@ class TrainingClient:
 
     _names = itertools.count()
 
-    def __init__(self, client: rlvr.TrainingClient) -> None:
+    def __init__(self, client: RlvrTrainingClient) -> None:
         self._client = client
 
     def save_state(self, name: str | None = None, metadata: dict[str, Any] | None = None) -> Checkpoint:
@@ -107,7 +108,7 @@ class TrainingClient:
         return getattr(self._client, name)
 
 
-class ServiceClient(rlvr.ServiceClient):
+class ServiceClient(RlvrServiceClient):
     """rlvr's ServiceClient plus the cookbook's ``create_training_client(config, checkpoint_id=None)``."""
 
     def create_training_client(self, config: TrainingConfig, checkpoint_id: str | None = None) -> TrainingClient:
