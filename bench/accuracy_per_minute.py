@@ -62,7 +62,7 @@ def run_rlvr(settings: Settings, out: Path, budget: float) -> list[dict[str, Any
     adapter copied to ``out/snap-NNN.safetensors``. Returns [{step, seconds (clock at its end), path}]."""
     from rlvr.engine import checkpoint
     from rlvr.fileio import read_jsonl
-    from rlvr.rl.loop import LoopConfig, train
+    from rlvr.rl import LoopConfig, train
 
     config = LoopConfig(
         base_model="smollm2-135m", rank=settings.rank, steps=MAX_STEPS, save_every=1,

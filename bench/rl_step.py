@@ -201,8 +201,8 @@ def lora_without_unembed() -> Iterator[None]:
 def run_rlvr(settings: Settings, out: Path, profile: bool) -> dict[str, Any]:
     """Train with rlvr's loop; write the final adapter to ``out/adapter.safetensors``."""
     from rlvr.engine import checkpoint
+    from rlvr.rl import LoopConfig, train
     from rlvr.rl.checkpoints import last_checkpoint
-    from rlvr.rl.loop import LoopConfig, train
 
     source = make_source(settings)
     config = LoopConfig(

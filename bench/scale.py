@@ -79,7 +79,7 @@ def time_rewards(runner: RewardRunner | RayRewardRunner, items: list[RewardItem]
 
 def time_loop(steps: int, distributed: bool) -> tuple[float, float, list[dict]]:
     """(mean step seconds after the first, seconds from train() to the first step's end, per-step metrics)."""
-    from rlvr.rl.loop import DistributedConfig, LoopConfig, train
+    from rlvr.rl import DistributedConfig, LoopConfig, train
     from rlvr.tasks import ArithmeticSource
 
     reward = resolve_reward("combine", rewards={"math_correct": 1.0,

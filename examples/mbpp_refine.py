@@ -17,7 +17,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from rlvr.engine.models.load import ensure_smollm2
-from rlvr.rl.loop import LoopConfig, train
+from rlvr.rl import LoopConfig, train
 from rlvr.rl.refine import code_refine_dataset
 from rlvr.tasks import MbppSource
 

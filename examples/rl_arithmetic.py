@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from rlvr.rl.loop import LoopConfig, train
+from rlvr.rl import LoopConfig, train
 from rlvr.tasks.arithmetic import ArithmeticSource
 
 

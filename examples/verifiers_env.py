@@ -62,7 +62,7 @@ def load_environment(turns: int = 1, num_examples: int = 256, seed: int = 0) -> 
 
 def main() -> None:
     import rlvr
-    from rlvr.rl.loop import LoopConfig, train
+    from rlvr.rl import LoopConfig, train
     from rlvr.rl.verifiers_env import VerifiersDataset
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

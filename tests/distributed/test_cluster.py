@@ -6,7 +6,7 @@ import pytest
 
 from rlvr.distributed import import_ray
 from rlvr.errors import ConfigurationError
-from rlvr.rl.loop import DistributedConfig, LoopConfig, train
+from rlvr.rl import DistributedConfig, LoopConfig, train
 from rlvr.tasks import ArithmeticSource
 
 

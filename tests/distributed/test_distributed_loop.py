@@ -20,7 +20,7 @@ from rlvr.distributed.cluster import Replicas  # noqa: E402
 from rlvr.errors import SamplingError, WorkerLostError  # noqa: E402
 from rlvr.rewards import resolve_reward  # noqa: E402
 from rlvr.rewards.builtin import LengthPenalty  # noqa: E402
-from rlvr.rl.loop import DistributedConfig, LoopConfig, check_sampler_fresh, train  # noqa: E402
+from rlvr.rl import DistributedConfig, LoopConfig, check_sampler_fresh, train  # noqa: E402
 from rlvr.tasks import ArithmeticSource  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray cluster and whole runs on it

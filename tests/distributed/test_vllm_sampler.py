@@ -229,7 +229,7 @@ def test_vllm_greedy_equals_rlvrs_sampler_and_seeds_repeat(trained) -> None:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_replica_on_old_weights_fails_the_freshness_check(trained) -> None:
-    from rlvr.rl.loop import check_sampler_fresh
+    from rlvr.rl import check_sampler_fresh
 
     class Stale:  # a sampling client whose replica still serves the base model
         def compute_logprobs(self, prompt):
@@ -253,7 +253,7 @@ def test_a_replica_on_old_weights_fails_the_freshness_check(trained) -> None:
 def test_the_loop_runs_on_vllm_samplers(ray_cluster, tmp_path) -> None:
     """The RL loop, unchanged, with its rollouts sampled by a vLLM replica in a Ray actor: every publication passes
     the freshness probe and the adapter trains."""
-    from rlvr.rl.loop import DistributedConfig, LoopConfig, train
+    from rlvr.rl import DistributedConfig, LoopConfig, train
     from rlvr.tasks import ArithmeticSource
 
     source = ArithmeticSource(levels=(1,), num_train=8, num_test=4, instruction="Answer with only the number.")

@@ -9,6 +9,7 @@ import torch
 from rlvr import types
 from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError, ContextFullError, RewardError
+from rlvr.rl import LoopConfig, train
 from rlvr.rl.advantages import group_advantages
 from rlvr.rl.datums import rl_datum
 from rlvr.rl.envs import (
@@ -22,7 +23,6 @@ from rlvr.rl.envs import (
     rollout_groups,
     trajectory_datums,
 )
-from rlvr.rl.loop import LoopConfig, train
 from rlvr.tasks.base import Problem, ProblemSource
 
 

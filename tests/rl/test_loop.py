@@ -13,9 +13,9 @@ from rlvr import types
 from rlvr.engine.cpu.packed import bfloat16_supported
 from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.fileio import read_jsonl
+from rlvr.rl import LoopConfig, check_sampler_fresh, check_vllm_arithmetic, train
 from rlvr.rl.checkpoints import last_checkpoint
 from rlvr.rl.config import DistributedConfig, recorded_precision
-from rlvr.rl.loop import LoopConfig, _check_vllm_arithmetic, check_sampler_fresh, train
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -188,9 +188,9 @@ def test_vllm_samplers_that_would_fail_the_freshness_probe_are_refused(tmp_path)
     # Alike (float32 both sides, however vLLM's dtype is spelled), or a tolerance raised on purpose: allowed.
     for options in ({}, {"dtype": "float32"}, {"dtype": "float"}, {"dtype": "torch.float32"}):
         alike = DistributedConfig(backend="ray", sampler="vllm", vllm_options=options)
-        assert _check_vllm_arithmetic(config(tmp_path, distributed=alike), "float32") is None
-    assert _check_vllm_arithmetic(config(tmp_path, distributed=vllm, sampler_tolerance=0.2), "bfloat16") is None
-    assert _check_vllm_arithmetic(config(tmp_path, distributed=half, sampler_tolerance=2.0), "float32") is None
+        assert check_vllm_arithmetic(config(tmp_path, distributed=alike), "float32") is None
+    assert check_vllm_arithmetic(config(tmp_path, distributed=vllm, sampler_tolerance=0.2), "bfloat16") is None
+    assert check_vllm_arithmetic(config(tmp_path, distributed=half, sampler_tolerance=2.0), "float32") is None
 
 
 def test_a_stale_sampler_is_detected(service):

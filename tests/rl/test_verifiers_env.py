@@ -20,8 +20,8 @@ from datasets import Dataset  # noqa: E402  (verifiers brings datasets)
 from rlvr import types  # noqa: E402
 from rlvr.engine.models.tiny import build_tiny_tokenizer  # noqa: E402
 from rlvr.errors import ConfigurationError, RewardError, SamplingError  # noqa: E402
+from rlvr.rl import LoopConfig, train  # noqa: E402
 from rlvr.rl.envs import trajectory_datums  # noqa: E402
-from rlvr.rl.loop import LoopConfig, train  # noqa: E402
 from rlvr.rl.verifiers_env import VerifiersDataset, load_verifiers_env  # noqa: E402
 
 PARAMS = types.SamplingParams(max_tokens=6, temperature=1.0, seed=0)

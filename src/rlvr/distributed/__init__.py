@@ -1,6 +1,6 @@
 """The Ray backend: the same RL loop with its trainer, samplers and reward workers in Ray actors (``rlvr[ray]``).
 
-    from rlvr.rl.loop import DistributedConfig, LoopConfig, train
+    from rlvr.rl import DistributedConfig, LoopConfig, train
     train(LoopConfig(..., distributed=DistributedConfig(backend="ray", num_samplers=2, num_reward_workers=2)), source)
 
 What it is: :func:`ray_backend` starts one trainer actor (an in-process ``rlvr`` engine holding the LoRA adapter and

@@ -29,15 +29,13 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.rl.config import DistributedConfig, LoopConfig
+from rlvr.rl.config import LoopConfig
 from rlvr.rl.envs import RLDataset
 from rlvr.rl.phases import (
     LoopRun,
     Progress,
     ShowEvaluation,
     StepWork,
-    check_sampler_fresh,
-    check_vllm_arithmetic,
     collect_part,
     finish_step,
     held_out,
@@ -48,14 +46,10 @@ from rlvr.rl.phases import (
     send_optim,
 )
 from rlvr.rl.plot import plot_run
-from rlvr.rl.rollouts import curriculum_problems
 from rlvr.rl.stop import StopRequest
 from rlvr.tasks.base import ProblemSource
 
-__all__ = ["DistributedConfig", "LoopConfig", "check_sampler_fresh", "curriculum_problems", "train",
-           "train_off_policy", "train_streamed", "train_sync"]
-
-_check_vllm_arithmetic = check_vllm_arithmetic  # the name its tests and older scripts import
+__all__ = ["train", "train_off_policy", "train_streamed", "train_sync"]
 
 
 def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Progress | None = None, *,
