@@ -47,3 +47,11 @@ def service():
 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with a ``slow`` test run first (in their collected order, the rest after them), so that on two
+    workers (``./run-tests``: a module to a worker as each frees up) the long modules start early and the many short
+    ones even out the end, instead of one worker finishing a long module while the other waits."""
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module}
+    items.sort(key=lambda item: item.module is None or item.module.__name__ not in slow_modules)
