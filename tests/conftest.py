@@ -47,31 +47,3 @@ def service():
 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules with a ``slow`` test run first (in their collected order, the rest after them), so that on two
-    workers the long modules start early and the many short ones even out the end (``_ModulesInOrder``)."""
-    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow") and item.module}
-    items.sort(key=lambda item: item.module is None or item.module.__name__ not in slow_modules)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``./run-tests``' scheduler (``--dist loadfile``): a module to a worker as each frees up, in the order collected
-    (pytest-xdist would otherwise start the modules with the most tests first, which leaves a long module of two
-    tests for last), and the whole ``tests/distributed`` folder to one worker: its modules each start a local Ray,
-    one at a time, so on two workers they would only wait for each other."""
-    if config.option.dist != "loadfile":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False
-
-    class _ModulesInOrder(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "tests/distributed/" if path.startswith("tests/distributed/") else path
-
-    return _ModulesInOrder(config, log)
