@@ -129,9 +129,10 @@ def run_process(body: str, out: Path, resume: bool = False, die: str = "", timin
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=1800)
 
 
-def run_to_the_end(body: str, out: Path, resume: bool = False) -> Path:
-    """Train (or resume) ``body`` into ``out`` in a fresh process that must finish; returns ``out``."""
-    done = run_process(body, out, resume=resume)
+def run_to_the_end(body: str, out: Path, resume: bool = False, timing: Path | None = None) -> Path:
+    """Train (or resume) ``body`` into ``out`` in a fresh process that must finish (``timing``: as ``run_process``);
+    returns ``out``."""
+    done = run_process(body, out, resume=resume, timing=timing)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -154,27 +155,19 @@ def assert_same_run(a: Path, b: Path, steps: int) -> None:
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a), "the final adapters differ"
 
 
-def straight_run(body: str, out: Path) -> Path:
-    """The uninterrupted run the others are compared with, in a fresh process, with the seconds from its first
-    checkpoint's record to its last in ``out/timing``; returns ``out``."""
-    done = run_process(body, out / "straight", timing=out / "timing")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
-
-
 def check_two_processes(straight: Path, tmp_path: Path, body: str, run: str, steps: int) -> None:
-    """A second process with the same settings ends where the uninterrupted run did."""
+    """A second process with the same settings ends where the uninterrupted run (``straight``) did."""
     run_to_the_end(body, tmp_path / "b")
-    assert_same_run(straight / "straight" / run, tmp_path / "b" / run, steps)
+    assert_same_run(straight / run, tmp_path / "b" / run, steps)
 
 
 def check_kill_and_resume(straight: Path, tmp_path: Path, body: str, run: str, steps: int) -> None:
     """Killed after the first checkpoint's metrics row, inside the second checkpoint's write, and at a random moment
     between the first checkpoint and the last (drawn from the uninterrupted run's timing, so on a machine busier then
     it may fall after the killed run's final checkpoint, with nothing left to resume; the seed is in the message):
-    each resumed run equals the uninterrupted one (``straight_run``, in ``straight``)."""
+    each resumed run equals the uninterrupted one (``straight``, its timing in the ``timing`` file beside it)."""
     seed = random.randrange(2**32)
-    delays = random.Random(seed).uniform(0, float((straight / "timing").read_text()))
+    delays = random.Random(seed).uniform(0, float((straight.parent / "timing").read_text()))
     for die, resumes_from in (("after_first_checkpoint", 2), ("inside_second_checkpoint", 2),
                               (f"random:{delays:.3f}", None)):
         out = tmp_path / die.split(":")[0]
@@ -189,7 +182,7 @@ def check_kill_and_resume(straight: Path, tmp_path: Path, body: str, run: str, s
         if resumes_from is not None or last_checkpoint(out / run)["step"] < steps:
             done = run_process(body, out, resume=True)
             assert done.returncode == 0, (die, seed, done.stderr[-3000:])
-        assert_same_run(straight / "straight" / run, out / run, steps)
+        assert_same_run(straight / run, out / run, steps)
         rollouts = sorted(p.name for p in (out / run / "rollouts").glob("step-*.jsonl"))
         assert rollouts == [f"step-{s:06d}.jsonl" for s in range(steps)], (die, seed)
 
@@ -197,7 +190,8 @@ def check_kill_and_resume(straight: Path, tmp_path: Path, body: str, run: str, s
 @pytest.fixture(scope="module")
 def tiny_straight(tmp_path_factory) -> Path:
     """The uninterrupted tiny run, shared: the second process and every killed run are compared with it."""
-    return straight_run(_TINY, tmp_path_factory.mktemp("tiny"))
+    out = tmp_path_factory.mktemp("tiny") / "straight"
+    return run_to_the_end(_TINY, out, timing=out.parent / "timing")
 
 
 def test_two_processes_train_tiny_alike(tiny_straight, tmp_path):
