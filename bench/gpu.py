@@ -29,6 +29,8 @@ SDPA):
     python bench/gpu.py --smoke    # tiny shapes on the CPU (the GPU paths forced): runs every code path, measures
                                    # nothing worth keeping (continuous batching alone takes ~10 s a call there)
     python bench/gpu.py --skip trl,continuous    # leave baselines out: generate, continuous, plain, trl
+    python bench/gpu.py --profile    # and, after each model, the kernels that take the most device time in one
+                                     # sampling call at the largest size and one forward_backward call
 
 Without ``--json`` a GPU run writes ``bench/results/gpu-<date>-<gpu>.json``. Without CUDA it refuses (except
 ``--smoke``).
@@ -372,6 +374,40 @@ def measure_training(service: Any, folder: str, reference: Any, shape: dict, bou
     return result
 
 
+# -- where the time goes ----------------------------------------------------------------------------------------------
+
+def profile(service: Any, folder: str, args: argparse.Namespace, device: torch.device, rows: int) -> None:
+    """Print the kernels that take the most device time in one rlvr sampling call (the largest size, 32 new tokens)
+    and one ``forward_backward`` call (a training batch of the benchmark's shape)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    try:  # the engine computes on its own worker thread
+        options = {"experimental_config": torch._C._profiler._ExperimentalConfig(profile_all_threads=True)}
+    except (AttributeError, TypeError):
+        options = {}
+    size = min(rows, max(args.sizes))
+    sampler = service.create_sampling_client(base_model=folder)
+    prompts = prompts_for(max(1, size // GROUP), PROMPT_TOKENS, seed=1)
+    new = min(32, args.max_tokens)
+    sample_rlvr(sampler, prompts, new, device)  # the shapes' warm-up (CUDA graphs are captured per row count)
+    with torch_profile(activities=activities, **options) as prof:
+        tokens, seconds = sample_rlvr(sampler, prompts, new, device)
+        synchronize(device)
+    print(f"\n  profile: sampling {size} sequences x {new} tokens ({tokens / seconds:.0f} tok/s)", flush=True)
+    print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70), flush=True)
+    tc = service.create_lora_training_client(base_model=folder, rank=LORA_RANK, seed=0)
+    batch = training_batch(args.train_sequences, args.train_length, min(PROMPT_TOKENS, args.train_length // 2), 7)
+    tc.forward_backward(batch, "importance_sampling").result()
+    with torch_profile(activities=activities, **options) as prof:
+        tc.forward_backward(batch, "importance_sampling").result()
+        synchronize(device)
+    print(f"\n  profile: forward_backward, {len(batch)} datums x {args.train_length} tokens", flush=True)
+    print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70), flush=True)
+
+
 # -- one RL step ------------------------------------------------------------------------------------------------------
 
 def rl_step_rlvr(service: Any, folder: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -498,6 +534,8 @@ def measure_model(name: str, config: Any, bounds: dict, args: argparse.Namespace
               "sampling": measure_sampling(service, folder, reference, shape, bounds, args, device, rows),
               "training": measure_training(service, folder, reference, shape, bounds, args, device),
               "rl_step": measure_rl_step(service, folder, shape, bounds, args, device, work)}
+    if args.profile and not out_of_time(args):
+        guarded(lambda service=service: profile(service, folder, args, device, rows))
     engine._executor.shutdown(wait=True)
     engine._hosts.clear()
     del engine, service, reference
@@ -523,6 +561,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", help="write the results here (default: bench/results/gpu-<date>-<gpu>.json)")
     parser.add_argument("--skip", default="", help=f"baselines to leave out, of {list(BASELINES)}")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: check the code paths")
+    parser.add_argument("--profile", action="store_true", help="print the kernels that take the most time in one "
+                        "sampling and one forward_backward call, after each model's measurements")
     parser.add_argument("--budget", type=float, help="seconds: measurements not started by then are skipped, and "
                         "the JSON (written after each model) keeps what was measured")
     args = parser.parse_args(argv)

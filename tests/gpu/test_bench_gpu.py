@@ -45,7 +45,9 @@ def test_the_gpu_check_dry_run_runs_every_step_and_path_on_the_cpu(tmp_path):
     report = json.loads((out / "env.json").read_text())
     assert [s["step"] for s in report["steps"]] == ["gpu tests", "gpu benchmark"]
     assert report["machine"]["packages"]["torch"] and report["machine"]["cuda_available"] is False
-    assert "wrote" in (out / "gpu-bench.log").read_text()
+    log = (out / "gpu-bench.log").read_text()
+    assert "wrote" in log
+    assert "profile: sampling" in log and "profile: forward_backward" in log and "aten::mm" in log  # --profile's tables
     record = json.loads((out / "gpu-bench.json").read_text())
     assert record["smoke"] and record["gpu"]["matmul_flops"] > 0 and record["gpu"]["memory_bandwidth"] > 0
     assert set(record["models"]) == {"llama-small", "qwen3-small"}
