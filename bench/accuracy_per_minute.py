@@ -60,8 +60,8 @@ class BudgetSpent(Exception):
 def run_rlvr(settings: Settings, out: Path, budget: float) -> list[dict[str, Any]]:
     """rlvr's loop until its clock passes ``budget``; a checkpoint every step (outside the clock), each step's
     adapter copied to ``out/snap-NNN.safetensors``. Returns [{step, seconds (clock at its end), path}]."""
-    from rlvr.engine import checkpoint
     from rlvr.fileio import read_jsonl
+    from rlvr.home import resolve
     from rlvr.rl import LoopConfig, train
 
     config = LoopConfig(
@@ -88,9 +88,9 @@ def run_rlvr(settings: Settings, out: Path, budget: float) -> list[dict[str, Any
         step = entry["step"] - 1  # a checkpoint of step s is recorded as "continue from s + 1"
         if step < len(clock):
             path = out / f"snap-{step:03d}.safetensors"
-            shutil.copy(checkpoint.resolve(entry["state_path"]) / "adapter_model.safetensors", path)
+            shutil.copy(resolve(entry["state_path"]) / "adapter_model.safetensors", path)
             snapshots.append({"step": step, "seconds": clock[step], "path": str(path)})
-            states = checkpoint.resolve(entry["state_path"]).parents[1]  # this run's checkpoints under $RLVR_HOME
+            states = resolve(entry["state_path"]).parents[1]  # this run's checkpoints under $RLVR_HOME
     if snapshots:
         shutil.rmtree(states, ignore_errors=True)
     return snapshots

@@ -9,8 +9,10 @@ cores), this runs the existing benchmarks with ``--model``:
   bfloat16 where oneDNN multiplies it on this CPU), with the fraction of the machine's bound;
 - ``bench/train_throughput.py --rank 32``: ``forward_backward`` against a torch + peft loop on the same batches,
   with the fraction of the bound and the peak memory;
-- ``bench/rl_step.py --steps 2``: one RL step of rlvr's loop against TRL's ``GRPOTrainer``, matched settings
-  (needs ``pip install -e '.[bench]'``; left out, and said, without TRL).
+- ``bench/rl_step.py --steps 2 --reward alternating``: one RL step of rlvr's loop against TRL's ``GRPOTrainer``,
+  matched settings (needs ``pip install -e '.[bench]'``; left out, and said, without TRL); every other answer earns
+  1, since random weights are never correct and groups of equal rewards would leave rlvr nothing to train (it drops
+  them, TRL does not);
 
 and prints one table. The per-script JSON files are kept in the combined record
 (``bench/results/real_models-<date>.json``, or ``--json``).
@@ -57,8 +59,8 @@ def commands(part: str, model: str, out: Path, quick: bool) -> list[str] | None:
     except ImportError:
         return None
     extra = ["--steps", "1", "--max-tokens", "8"] if quick else ["--steps", "2"]
-    return [sys.executable, str(BENCH / "rl_step.py"), "--model", model, "--eval-problems", "4", "--json", str(out),
-            *extra]
+    return [sys.executable, str(BENCH / "rl_step.py"), "--model", model, "--eval-problems", "4", "--reward",
+            "alternating", "--json", str(out), *extra]
 
 
 def summary(part: str, record: dict[str, Any]) -> str:

@@ -127,13 +127,33 @@ class Settings:
     """Problem order, LoRA initialisation and sampling seeds."""
     model: str = "smollm2-135m"
     """The model (``bench.common.bench_model``): the embedded one, or a published shape with random weights."""
+    reward: str = "math_correct"
+    """``math_correct``; or ``alternating`` (every other answer the scoring process sees earns 1), for random
+    weights: their answers are never correct (and decode to almost nothing), so every group would have equal
+    rewards, rlvr would drop them all and train nothing while TRL trains on them anyway."""
+
+
+class Alternating:
+    """A reward of 1 for every other response this process scores and 0 for the rest: groups of mixed rewards
+    whatever the answers say, so that both systems train every datum (rlvr's reward workers are forked, each
+    counting on its own, which still mixes every group they score)."""
+
+    name = "alternating"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, prompt: str, response: str, meta: Any = None) -> float:
+        self.calls += 1
+        return float(self.calls % 2)
 
 
 def make_source(settings: Settings) -> Any:
     """The problem source both systems draw from."""
     from rlvr.tasks.arithmetic import ArithmeticSource
 
-    return ArithmeticSource(levels=settings.levels, instruction=settings.instruction, reward="math_correct",
+    reward = "math_correct" if settings.reward == "math_correct" else Alternating()
+    return ArithmeticSource(levels=settings.levels, instruction=settings.instruction, reward=reward,
                             num_test=settings.eval_problems, seed=settings.seed)
 
 
@@ -200,7 +220,7 @@ def lora_without_unembed() -> Iterator[None]:
 
 def run_rlvr(settings: Settings, out: Path, profile: bool) -> dict[str, Any]:
     """Train with rlvr's loop; write the final adapter to ``out/adapter.safetensors``."""
-    from rlvr.engine import checkpoint
+    from rlvr.home import resolve
     from rlvr.rl import LoopConfig, train
     from rlvr.rl.checkpoints import last_checkpoint
 
@@ -231,7 +251,7 @@ def run_rlvr(settings: Settings, out: Path, profile: bool) -> dict[str, Any]:
     entry = last_checkpoint(out / "run")
     if entry is None:
         raise RuntimeError(f"rlvr's loop wrote no checkpoint to {out / 'run'}")
-    folder = checkpoint.resolve(entry["state_path"])
+    folder = resolve(entry["state_path"])
     shutil.copy(folder / "adapter_model.safetensors", out / "adapter.safetensors")
     shutil.rmtree(folder.parents[1], ignore_errors=True)  # this run's checkpoints under $RLVR_HOME: ours alone
     return {"steps": steps, "wall_s": wall}
@@ -527,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=1, help="rlvr/TRL run pairs, alternating (default 1)")
     parser.add_argument("--eval-problems", type=positive_int, default=64, help="held-out problems (default 64)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="new tokens per completion (default 64)")
+    parser.add_argument("--reward", choices=["math_correct", "alternating"], default="math_correct",
+                        help="alternating: every other answer earns 1, so that random weights (never correct) still "
+                        "give every group mixed rewards and both systems train every datum")
     parser.add_argument("--seeds", type=seed_list, default=[0], metavar="S[,S...]",
                         help="problem order, LoRA init and sampling seeds, a run pair (or --repeats pairs) on each "
                         "(default 0); accuracy after a few steps varies with the seed, so compare over several")
@@ -553,11 +576,12 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = [args.seed] if args.seed is not None else args.seeds
     settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens, seed=seeds[0],
-                        model=args.model)
+                        model=args.model, reward=args.reward)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlvr-bench-rl-step-"))
     load = {"before": load_average()}
     print(f"{settings.steps} steps x {settings.problems_per_step} prompts x {settings.group_size} completions, "
-          f"{settings.max_tokens} new tokens, LoRA r{settings.rank}, lr {settings.learning_rate}; {args.repeats} "
+          f"{settings.max_tokens} new tokens, LoRA r{settings.rank}, lr {settings.learning_rate}, reward "
+          f"{settings.reward}; {args.repeats} "
           f"alternating pair(s) on seed(s) {', '.join(map(str, seeds))}; load average {load['before']} on "
           f"{os.cpu_count()} CPUs", flush=True)
     plan = [(system, seed, r) for seed in seeds for r in range(args.repeats) for system in ("rlvr", "trl")]

@@ -85,7 +85,7 @@ def run_generate(model, tokenizer, prompts: list[list[int]], samples: int, max_t
 def lora_sampler(service: rlvr.ServiceClient, tokenizer, base_model: str, rank: int = 16):
     """A sampler on a rank-``rank`` adapter after one optimizer step (so its B matrices are not zero), and the
     adapter's folder (peft format) for vLLM."""
-    from rlvr.engine import checkpoint
+    from rlvr.home import resolve
 
     client = service.create_lora_training_client(base_model=base_model, rank=rank, seed=0)
     tokens = prompts_for(tokenizer, 1)[0]
@@ -94,7 +94,7 @@ def lora_sampler(service: rlvr.ServiceClient, tokenizer, base_model: str, rank: 
     client.forward_backward([datum], "cross_entropy").result()
     client.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     path = client.save_weights_for_sampler("bench-sampling-lora").result().path
-    return client.save_weights_and_get_sampling_client("bench-sampling-lora-rlvr"), checkpoint.resolve(path)
+    return client.save_weights_and_get_sampling_client("bench-sampling-lora-rlvr"), resolve(path)
 
 
 def run_vllm(python: str, model_folder: str, adapter: Path, prompts: dict[str, list[list[int]]], max_tokens: int,

@@ -5,8 +5,10 @@ on ``smollm2-135m`` (or ``--model``: a published shape with random weights, e.g.
 the same initial weights (A drawn from ``torch.manual_seed(seed)`` in peft's module order, B = 0), over the same
 batches with the same loss: PPO's clipped surrogate summed over tokens (rlvr's ``ppo``, clip 0.8/1.2), written out
 by hand in the baseline the way a researcher would (logits -> log_softmax -> gather ->
-ratio -> clipped objective). After each ``forward_backward`` both take the same AdamW step (lr 2e-4, betas
-(0.9, 0.95), eps 1e-12, no weight decay), untimed, so the weights move as in training.
+ratio -> clipped objective), a group of 8 sequences per forward with gradients accumulated
+(``--baseline-microbatch``: a whole batch's full-vocabulary logits of a real shape would not fit in memory). After
+each ``forward_backward`` both take the same AdamW step (lr 2e-4, betas (0.9, 0.95), eps 1e-12, no weight decay),
+untimed, so the weights move as in training.
 
 The batches look like one RL step's: ``--batch-size`` sequences, each an arithmetic prompt in the chat template
 followed by 8 to ``--max-tokens`` random completion tokens, in groups of 8 with centred 0/1 rewards as advantages.
@@ -133,30 +135,36 @@ def baseline_model(folder: str, targets: list[str], rank: int) -> tuple[Any, tor
 
 
 def baseline_forward_backward(model: Any, batch: list[dict[str, Any]], logprobs: list[list[float]],
-                              pad_id: int) -> float:
-    """One forward and backward of the summed PPO loss over ``batch``; returns the loss."""
-    rows = [datum_arrays(row, lp) for row, lp in zip(batch, logprobs, strict=True)]
-    width = max(len(r["inputs"]) for r in rows)
+                              pad_id: int, microbatch: int) -> float:
+    """One forward and backward of the summed PPO loss over ``batch``, ``microbatch`` sequences at a time (their
+    gradients add up, as a researcher's loop accumulates them to fit memory); returns the loss."""
+    total = 0.0
+    for start in range(0, len(batch), microbatch):
+        rows = [datum_arrays(row, lp) for row, lp in zip(batch[start:start + microbatch],
+                                                          logprobs[start:start + microbatch], strict=True)]
+        width = max(len(r["inputs"]) for r in rows)
 
-    def padded(key: str, value: float, dtype: torch.dtype) -> torch.Tensor:  # (B, T), right padding
-        return torch.tensor([r[key] + [value] * (width - len(r[key])) for r in rows], dtype=dtype)
+        def padded(key: str, value: float, dtype: torch.dtype, rows=rows, width=width) -> torch.Tensor:
+            return torch.tensor([r[key] + [value] * (width - len(r[key])) for r in rows], dtype=dtype)  # (B, T)
 
-    input_ids, targets = padded("inputs", pad_id, torch.long), padded("targets", 0, torch.long)
-    old, advantages = padded("logprobs", 0.0, torch.float32), padded("advantages", 0.0, torch.float32)
-    attention_mask = torch.tensor([[1] * len(r["inputs"]) + [0] * (width - len(r["inputs"])) for r in rows])
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
-    new = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    ratio = torch.exp(new - old)
-    objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - CLIP, 1 + CLIP) * advantages)
-    loss = -(objective * attention_mask).sum()
-    loss.backward()
-    return loss.item()
+        input_ids, targets = padded("inputs", pad_id, torch.long), padded("targets", 0, torch.long)
+        old, advantages = padded("logprobs", 0.0, torch.float32), padded("advantages", 0.0, torch.float32)
+        attention_mask = torch.tensor([[1] * len(r["inputs"]) + [0] * (width - len(r["inputs"])) for r in rows])
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
+        new = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        ratio = torch.exp(new - old)
+        objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - CLIP, 1 + CLIP) * advantages)
+        loss = -(objective * attention_mask).sum()
+        loss.backward()
+        total += loss.item()
+        del logits, new, loss
+    return total
 
 
 # -- measuring ----------------------------------------------------------------------------------------------------
 
-def measure(model_name: str, rank: int, batches: int, batch_size: int, max_tokens: int, warmup: int
-            ) -> dict[str, Any]:
+def measure(model_name: str, rank: int, batches: int, batch_size: int, max_tokens: int, warmup: int,
+            baseline_microbatch: int) -> dict[str, Any]:
     import rlvr
     from rlvr import types
 
@@ -185,7 +193,8 @@ def measure(model_name: str, rank: int, batches: int, batch_size: int, max_token
 
         def run_baseline(batch=batch, logprobs=logprobs, row=row) -> None:
             started = time.perf_counter()
-            row["baseline_loss"] = baseline_forward_backward(model, batch, logprobs, tokenizer.pad_token_id)
+            row["baseline_loss"] = baseline_forward_backward(model, batch, logprobs, tokenizer.pad_token_id,
+                                                             baseline_microbatch)
             row["baseline_s"] = time.perf_counter() - started
             started = time.perf_counter()
             optimizer.step()
@@ -221,13 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=positive_int, default=32, help="sequences per batch (default 32)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, help="longest completion (default 64)")
     parser.add_argument("--warmup", type=int, default=1, help="batches run first and not counted (default 1)")
+    parser.add_argument("--baseline-microbatch", type=positive_int, default=GROUP,
+                        help=f"sequences per forward in the plain loop, gradients accumulated (default {GROUP}: a "
+                        "group; a whole batch's full-vocabulary logits of a real shape do not fit in memory)")
     parser.add_argument("--json", metavar="PATH", help="write the figures to this JSON file")
     args = parser.parse_args(argv)
     load_before = load_average()
     print(f"{args.model}, LoRA r{args.rank}, ppo loss; {args.batches} batches of {args.batch_size} sequences "
           f"(+{args.warmup} warm-up), completions up to {args.max_tokens} tokens; {torch.get_num_threads()} threads, "
           f"load average {load_before}", flush=True)
-    result = measure(args.model, args.rank, args.batches, args.batch_size, args.max_tokens, args.warmup)
+    result = measure(args.model, args.rank, args.batches, args.batch_size, args.max_tokens, args.warmup,
+                     args.baseline_microbatch)
     print(f"forward_backward tokens/s: rlvr {result['rlvr_tokens_per_s']:.0f} ({result['fraction_of_bound']:.2f} of "
           f"the bound {result['bound_tokens_per_s']:.0f}), plain torch+peft "
           f"{result['baseline_tokens_per_s']:.0f}, ratio {result['ratio']:.2f}x; peak memory (both, one process) "
@@ -240,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                                "settings": {"model": args.model, "batches": args.batches,
                                             "batch_size": args.batch_size, "max_tokens": args.max_tokens,
                                             "warmup": args.warmup, "rank": args.rank,
+                                            "baseline_microbatch": args.baseline_microbatch,
                                             "loss": "ppo"}, **result})
     if result["max_loss_gap"] > 1e-3:
         print(f"error: rlvr's and the baseline's losses differ by up to {result['max_loss_gap']:.2e} (relative) on the "

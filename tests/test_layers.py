@@ -174,6 +174,36 @@ def circles(package_dir: Path) -> list[str]:
             for a, lines in sorted(reaches.items()) for b in sorted(lines) if a < b and a in reaches.get(b, {})]
 
 
+FACES = {"rlvr.client": "LORA_ALPHA, for the RL layer, which must not import the engine",
+         "rlvr.types": "the tinker SDK's types, as rlvr's own"}
+"""Modules (not packages) whose ``__all__`` may list names defined elsewhere, and why."""
+
+
+def reexports(package_dir: Path) -> list[str]:
+    """One line per name that a module's ``__all__`` lists but the module does not define (it imports it): a second
+    import path for that name. Packages (``__init__.py``, the faces) and ``FACES`` may re-export; a computed
+    ``__all__`` is not read."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        module, is_package = _module_name(path, package_dir.parent)
+        if is_package or module in FACES:
+            continue
+        listed, defined = [], set()
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            defined |= names
+            if "__all__" in names and isinstance(node.value, (ast.List, ast.Tuple)):
+                listed = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+        where = path.relative_to(package_dir.parent)
+        found += [f"{where}: {module}.__all__ lists {name}, defined elsewhere; import it from where it is defined"
+                  for name in listed if name not in defined]
+    return found
+
+
 def test_rlvr_keeps_its_layers():
     assert SRC.name == "rlvr" and (SRC / "engine").is_dir()
     found = violations(SRC)
@@ -188,6 +218,11 @@ def test_no_module_imports_the_package_face():
 def test_no_two_modules_import_each_other():
     found = circles(SRC)
     assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_each_name_has_one_import_path():
+    found = reexports(SRC)
+    assert not found, "re-exports outside the package faces:\n" + "\n".join(found)
 
 
 def test_every_module_is_read():
@@ -289,3 +324,14 @@ def test_planted_face_imports_and_circles_are_caught(tmp_path):
         "rlvr/rl/run.py:2: rlvr.rl.run imports the package face rlvr",
     ]
     assert circles(package) == ["rlvr.rl.config (line 1) and rlvr.rl.recipes (line 4) import each other"]
+
+
+def test_planted_reexports_are_caught(tmp_path):
+    package = _tree(tmp_path, {
+        "rlvr/__init__.py": 'from rlvr.home import resolve\n__all__ = ["resolve"]\n',  # a face: allowed
+        "rlvr/home.py": 'def resolve(p):\n    return p\nROOT: str = "/"\n__all__ = ["ROOT", "resolve"]\n',
+        "rlvr/engine/__init__.py": "",
+        "rlvr/engine/checkpoint.py": 'from rlvr.home import resolve\nKINDS = ()\n__all__ = ["KINDS", "resolve"]\n',
+    })
+    assert [line.split(",")[0] for line in reexports(package)] == [
+        "rlvr/engine/checkpoint.py: rlvr.engine.checkpoint.__all__ lists resolve"]

@@ -169,7 +169,7 @@ def trained():
     pytest.importorskip("vllm")
     import rlvr
     from rlvr.distributed.weights import files_digest, read_folder
-    from rlvr.engine import checkpoint
+    from rlvr.home import resolve
 
     service = rlvr.ServiceClient()
     client = service.create_lora_training_client(base_model="smollm2-135m", rank=16, seed=0)
@@ -185,7 +185,7 @@ def trained():
         client.forward_backward([datum], "cross_entropy").result()
         client.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     path = client.save_weights_for_sampler("vllm-test").result().path
-    files = read_folder(checkpoint.resolve(path))
+    files = read_folder(resolve(path))
     replica = VLLMSampler(0)
     digest = files_digest(files)
     assert replica.load(path, digest, files) == digest

@@ -7,8 +7,8 @@ import torch
 
 from datums import ce_datum
 from rlvr import types
-from rlvr.engine import checkpoint
 from rlvr.errors import CheckpointError, CheckpointNotFoundError
+from rlvr.home import resolve
 
 ADAM = types.AdamParams(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=5.0)
 
@@ -56,7 +56,7 @@ def test_sampler_weights_on_disk_reload_to_the_same_logprobs(service):
     prompt = types.ModelInput.from_ints([5, 6, 7, 8])
     path = tc.save_weights_for_sampler("s0").result().path
     live = service.create_sampling_client(model_path=path).compute_logprobs(prompt).result()
-    folder = checkpoint.resolve(path)
+    folder = resolve(path)
     assert (folder / "adapter_model.safetensors").exists() and not (folder / "optimizer.pt").exists()
     meta = json.loads((folder / "rlvr.json").read_text())
     assert meta["base_model"] == "tiny" and meta["lora"]["rank"] == 4
@@ -83,7 +83,7 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint(service, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         tc.save_state("same").result()
     monkeypatch.undo()
-    folder = checkpoint.resolve(path)
+    folder = resolve(path)
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp folder left behind
     restored = service.create_training_client_from_state(path)
     assert all(torch.equal(v, saved[k]) for k, v in restored.parameters().items())
@@ -114,7 +114,7 @@ def test_a_dimuon_resume_keeps_the_optimizer_and_equals_an_uninterrupted_run(ser
     original = service.create_lora_training_client("tiny", rank=8, seed=31, optimizer=types.DimuonOptimizerConfig())
     steps(original, 2, DIMUON)  # the running averages are non-zero at the save
     path = original.save_state("dimuon-mid").result().path
-    assert json.loads((checkpoint.resolve(path) / "rlvr.json").read_text())["optimizer"] == {
+    assert json.loads((resolve(path) / "rlvr.json").read_text())["optimizer"] == {
         "type": "dimuon", "version": 1}
     resumed = service.create_training_client_from_state_with_optimizer(path)
     assert resumed.get_info().optimizer_config == types.DimuonOptimizerConfig()

@@ -81,14 +81,13 @@ def test_the_final_checkpoint_is_kept_when_the_run_trains_further_and_zero_keeps
 def test_checkpoints_live_in_the_run_folder_and_their_rlvr_paths_resolve_there(tmp_path):
     from test_loop import SayA, config
 
-    from rlvr.engine import checkpoint
-    from rlvr.home import checkpoint_root
+    from rlvr.home import checkpoint_root, resolve
     from rlvr.rl.loop import train
 
     train(config(tmp_path, steps=1), SayA())
     entry = last_checkpoint(tmp_path / "run")
     assert entry["state_path"].startswith("rlvr://")
-    assert checkpoint.resolve(entry["state_path"]).resolve() == (tmp_path / "run" / "checkpoints" / "weights" /
+    assert resolve(entry["state_path"]).resolve() == (tmp_path / "run" / "checkpoints" / "weights" /
                                                                   "step-000001").resolve()
     run_id = entry["state_path"].split("/")[2]
     shutil.rmtree(tmp_path / "run")  # deleting the run folder frees its checkpoints; the next run sweeps the link

@@ -19,6 +19,7 @@ import torch
 
 from rlvr.engine import checkpoint
 from rlvr.fileio import read_jsonl
+from rlvr.home import resolve
 from rlvr.rl.checkpoints import last_checkpoint
 
 pytestmark = pytest.mark.slow  # whole runs in fresh processes, killed and resumed
@@ -138,7 +139,7 @@ def run_to_the_end(body: str, out: Path, resume: bool = False, timing: Path | No
 
 
 def final_adapter(run_dir: Path) -> dict[str, torch.Tensor]:
-    return checkpoint.read_adapter(checkpoint.resolve(last_checkpoint(run_dir)["state_path"]))
+    return checkpoint.read_adapter(resolve(last_checkpoint(run_dir)["state_path"]))
 
 
 def assert_same_run(a: Path, b: Path, steps: int) -> None:

@@ -34,6 +34,7 @@ from rlvr.engine import checkpoint
 from rlvr.engine.engine import Engine
 from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.errors import SamplingError
+from rlvr.home import resolve
 
 BASE_DIGEST = "base-model"
 """The 'hash' of the untrained base model (no adapter to verify)."""
@@ -103,7 +104,7 @@ class TrainerActor:
             written = name
         path = client.save_weights_for_sampler(written).result().path
         engine.run(engine.release_sampler, path)  # the engine's in-memory snapshot: only the samplers need one
-        folder = checkpoint.resolve(path)
+        folder = resolve(path)
         files = read_folder(folder)
         if name is None:
             shutil.rmtree(folder, ignore_errors=True)

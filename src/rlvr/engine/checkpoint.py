@@ -32,10 +32,9 @@ from safetensors.torch import load_file, save
 
 from rlvr.errors import CheckpointError, CheckpointNotFoundError
 from rlvr.fileio import atomic_folder, storage_errors
-from rlvr.home import KINDS, SCHEMES, checkpoint_root, make_path, resolve
+from rlvr.home import resolve
 
-__all__ = ["FORMAT_VERSION", "KINDS", "SCHEMES", "checkpoint_root", "make_path", "read_adapter", "read_meta",
-           "read_torch", "resolve", "write"]
+__all__ = ["FORMAT_VERSION", "read_adapter", "read_meta", "read_torch", "write"]
 
 FORMAT_VERSION = 1
 

@@ -56,6 +56,7 @@ from rlvr.engine.train.losses import resolve_loss
 from rlvr.engine.train.optim import Optimizer, config_of, kind_of, make_optimizer
 from rlvr.engine.train.prefix import Cluster, cluster_logprobs, plan
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
+from rlvr.home import make_path
 from rlvr.metrics import reduce_metrics
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -309,7 +310,7 @@ class Engine:
                 "rlvr.json": meta}
 
     def save_state(self, trainer: Trainer, name: str) -> types.SaveWeightsResponse:
-        path = checkpoint.make_path(trainer.run_id, "weights", name)
+        path = make_path(trainer.run_id, "weights", name)
         files = self._adapter_files(trainer)
         files["rlvr.json"]["optimizer"] = config_of(trainer.optimizer).model_dump()  # type: ignore[index]
         files["optimizer.pt"] = trainer.optimizer.state_dict()
@@ -360,7 +361,7 @@ class Engine:
 
     def save_for_sampler(self, trainer: Trainer, name: str | None) -> str:
         """Snapshot the adapter for sampling (in memory; also on disk when named) and return its path."""
-        path = checkpoint.make_path(trainer.run_id, "sampler_weights", name or f"ephemeral-{next(self._names)}")
+        path = make_path(trainer.run_id, "sampler_weights", name or f"ephemeral-{next(self._names)}")
         if name is not None:
             checkpoint.write(path, self._adapter_files(trainer))
         snapshot = trainer.host.copy(trainer.adapter, self._new_adapter_name("sampler"))

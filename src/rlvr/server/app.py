@@ -124,7 +124,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
 
     def with_ttl(path: str, ttl_seconds: int | None) -> str:
         """The wire path of a checkpoint just saved, after giving it the TTL its save request asked for."""
-        from rlvr.engine.checkpoint import resolve
+        from rlvr.home import resolve
 
         if ttl_seconds is not None:
             catalog.set_ttl(resolve(path), ttl_seconds)

@@ -49,7 +49,7 @@ class Catalog:
 
     @staticmethod
     def root() -> Path:
-        from rlvr.engine.checkpoint import checkpoint_root
+        from rlvr.home import checkpoint_root
 
         return checkpoint_root()
 
@@ -206,8 +206,9 @@ class Catalog:
         """Move the sampler checkpoint just saved at ``sampler_path`` to ``<run>/external_weights/<name>`` (an
         existing export of that name is replaced whole), its adapter_config.json as a PEFT adapter folder's
         (``engine.export.write_adapter_config``), and give it ``ttl_seconds``; returns its folder."""
-        from rlvr.engine.checkpoint import read_meta, resolve
+        from rlvr.engine.checkpoint import read_meta
         from rlvr.engine.export import write_adapter_config
+        from rlvr.home import resolve
 
         source = resolve(sampler_path)
         target = source.parent.parent / "external_weights" / name

@@ -64,7 +64,7 @@ from rlvr.server.openai_tools import parse_tool_calls
 from rlvr.server.openai_wire import ChatRequest, CompletionRequest, OpenAIError, SamplingRequest
 from rlvr.server.state import ServerState, UnknownId
 
-__all__ = ["OpenAIError", "create_openai_app", "openai_client", "openai_routes"]
+__all__ = ["create_openai_app", "openai_client", "openai_routes"]
 
 log = logging.getLogger("rlvr.server")
 
@@ -108,8 +108,8 @@ class Models:
                 for name, info in found.items()]
 
     async def client(self, model: str, owner: str) -> SamplingClient:
-        from rlvr.engine.checkpoint import resolve
         from rlvr.engine.models.load import canonical_name
+        from rlvr.home import resolve
 
         if model in self.pinned:
             return self.pinned[model]
@@ -133,8 +133,8 @@ class Models:
     def checkpoint_path(self, model: str, owner: str) -> str | None:
         """The ``rlvr://`` path of the sampler checkpoint of ``owner``'s that ``model`` names; None for a base model.
         Raises a 404 naming what is served when it is neither."""
-        from rlvr.engine.checkpoint import SCHEMES
         from rlvr.engine.models.load import canonical_name
+        from rlvr.home import SCHEMES
 
         self.catalog.sweep()
         if model.startswith(SCHEMES) or "/sampler_weights/" in model:
