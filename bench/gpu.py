@@ -378,33 +378,36 @@ def measure_training(service: Any, folder: str, reference: Any, shape: dict, bou
 
 def profile(service: Any, folder: str, args: argparse.Namespace, device: torch.device, rows: int) -> None:
     """Print the kernels that take the most device time in one rlvr sampling call (the largest size, 32 new tokens)
-    and one ``forward_backward`` call (a training batch of the benchmark's shape)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    try:  # the engine computes on its own worker thread
-        options = {"experimental_config": torch._C._profiler._ExperimentalConfig(profile_all_threads=True)}
-    except (AttributeError, TypeError):
-        options = {}
+    and one ``forward_backward`` call (a training batch of the benchmark's shape), each after a warm-up call."""
     size = min(rows, max(args.sizes))
     sampler = service.create_sampling_client(base_model=folder)
     prompts = prompts_for(max(1, size // GROUP), PROMPT_TOKENS, seed=1)
     new = min(32, args.max_tokens)
-    sample_rlvr(sampler, prompts, new, device)  # the shapes' warm-up (CUDA graphs are captured per row count)
-    with torch_profile(activities=activities, **options) as prof:
-        tokens, seconds = sample_rlvr(sampler, prompts, new, device)
-        synchronize(device)
-    print(f"\n  profile: sampling {size} sequences x {new} tokens ({tokens / seconds:.0f} tok/s)", flush=True)
-    print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70), flush=True)
+    _print_top(f"sampling {size} sequences x {new} tokens", lambda: sample_rlvr(sampler, prompts, new, device),
+               device)  # the warm-up also captures this row count's CUDA graph
     tc = service.create_lora_training_client(base_model=folder, rank=LORA_RANK, seed=0)
     batch = training_batch(args.train_sequences, args.train_length, min(PROMPT_TOKENS, args.train_length // 2), 7)
-    tc.forward_backward(batch, "importance_sampling").result()
+    _print_top(f"forward_backward, {len(batch)} datums x {args.train_length} tokens",
+               lambda: tc.forward_backward(batch, "importance_sampling").result(), device)
+
+
+def _print_top(label: str, call: Callable[[], Any], device: torch.device) -> None:
+    """Run ``call`` once to warm up, then once under torch's profiler, and print its 25 costliest ops and kernels."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    try:  # the engine computes on its own worker thread
+        options = {"experimental_config": torch._C._profiler._ExperimentalConfig(profile_all_threads=True)}
+    except (AttributeError, TypeError):
+        options = {}
+    call()
+    synchronize(device)
     with torch_profile(activities=activities, **options) as prof:
-        tc.forward_backward(batch, "importance_sampling").result()
+        call()
         synchronize(device)
-    print(f"\n  profile: forward_backward, {len(batch)} datums x {args.train_length} tokens", flush=True)
+    print(f"\n  profile: {label}", flush=True)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=70), flush=True)
 
 

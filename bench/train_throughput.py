@@ -138,27 +138,28 @@ def baseline_forward_backward(model: Any, batch: list[dict[str, Any]], logprobs:
                               pad_id: int, microbatch: int) -> float:
     """One forward and backward of the summed PPO loss over ``batch``, ``microbatch`` sequences at a time (their
     gradients add up, as a researcher's loop accumulates them to fit memory); returns the loss."""
-    total = 0.0
-    for start in range(0, len(batch), microbatch):
-        rows = [datum_arrays(row, lp) for row, lp in zip(batch[start:start + microbatch],
-                                                          logprobs[start:start + microbatch], strict=True)]
-        width = max(len(r["inputs"]) for r in rows)
+    rows = [datum_arrays(row, lp) for row, lp in zip(batch, logprobs, strict=True)]
+    return sum(_microbatch_loss(model, rows[start:start + microbatch], pad_id)
+               for start in range(0, len(rows), microbatch))
 
-        def padded(key: str, value: float, dtype: torch.dtype, rows=rows, width=width) -> torch.Tensor:
-            return torch.tensor([r[key] + [value] * (width - len(r[key])) for r in rows], dtype=dtype)  # (B, T)
 
-        input_ids, targets = padded("inputs", pad_id, torch.long), padded("targets", 0, torch.long)
-        old, advantages = padded("logprobs", 0.0, torch.float32), padded("advantages", 0.0, torch.float32)
-        attention_mask = torch.tensor([[1] * len(r["inputs"]) + [0] * (width - len(r["inputs"])) for r in rows])
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
-        new = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
-        ratio = torch.exp(new - old)
-        objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - CLIP, 1 + CLIP) * advantages)
-        loss = -(objective * attention_mask).sum()
-        loss.backward()
-        total += loss.item()
-        del logits, new, loss
-    return total
+def _microbatch_loss(model: Any, rows: list[dict[str, list]], pad_id: int) -> float:
+    """Forward and backward of the summed PPO loss over ``rows`` (``datum_arrays``), right-padded; returns the loss."""
+    width = max(len(r["inputs"]) for r in rows)
+
+    def padded(key: str, value: float, dtype: torch.dtype) -> torch.Tensor:  # (B, T), right padding
+        return torch.tensor([r[key] + [value] * (width - len(r[key])) for r in rows], dtype=dtype)
+
+    input_ids, targets = padded("inputs", pad_id, torch.long), padded("targets", 0, torch.long)
+    old, advantages = padded("logprobs", 0.0, torch.float32), padded("advantages", 0.0, torch.float32)
+    attention_mask = torch.tensor([[1] * len(r["inputs"]) + [0] * (width - len(r["inputs"])) for r in rows])
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
+    new = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    ratio = torch.exp(new - old)
+    objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - CLIP, 1 + CLIP) * advantages)
+    loss = -(objective * attention_mask).sum()
+    loss.backward()
+    return loss.item()
 
 
 # -- measuring ----------------------------------------------------------------------------------------------------
