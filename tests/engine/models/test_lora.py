@@ -4,11 +4,14 @@ changes outputs, snapshots are copies, retired snapshots are reused or deleted."
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from peft.tuners.lora import Linear as LoraLinear
 
 from rlvr.engine.models.load import LoadedModel, load_base_model
-from rlvr.engine.models.lora import LORA_ALPHA, MAX_RETIRED, AdapterHost, LoraSpec
+from rlvr.engine.models.lora import LORA_ALPHA, MAX_RETIRED, AdapterHost, LoraSpec, fused_lora_forward
 from rlvr.errors import ConfigurationError
 
 IDS = torch.tensor([[1, 2, 3, 4, 5, 6]])
@@ -92,6 +95,36 @@ def test_adapted_linear_is_wx_plus_b_plus_alpha_over_rank_times_bax(rank, alpha)
         torch.testing.assert_close(adapted(x), expected, atol=1e-5, rtol=1e-5)
     with host.active(None) as bare, torch.no_grad():
         torch.testing.assert_close(bare(x), x @ weight.T + bias, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_forward_and_its_gradients_are_the_lora_formulas_by_hand():
+    """One addmm does the scale and the add (``fused_lora_forward``): its output and the gradients of x, A and B
+    against y = W x + b + s B A x by hand, on batched (2, 4, in) inputs, and equal to peft's own forward."""
+    model = OneLayer().requires_grad_(False)
+    weight, bias = model.q_proj.weight.clone(), model.q_proj.bias.clone()
+    host = AdapterHost(LoadedModel("one-layer", model, None))
+    host.add("train_0", LoraSpec(rank=2, alpha=6, train_mlp=False, train_unembed=False), seed=0)
+    layer = host.peft.base_model.model.q_proj
+    assert isinstance(layer.forward, functools.partial) and layer.forward.func is fused_lora_forward
+    params = host.parameters("train_0")
+    a = next(p for k, p in params.items() if "lora_A" in k)
+    b = next(p for k, p in params.items() if "lora_B" in k)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        b.copy_(torch.randn(b.shape, generator=gen))
+    x = torch.randn(2, 4, 5, generator=gen, requires_grad=True)
+    g = torch.randn(2, 4, 3, generator=gen)  # d loss / d y
+    s = 6 / 2
+    with host.active("train_0") as adapted:
+        y = adapted(x)
+        (y * g).sum().backward()
+    ad, bd, xd = a.detach(), b.detach(), x.detach()
+    torch.testing.assert_close(y.detach(), xd @ weight.T + bias + s * (xd @ ad.T @ bd.T), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad, g @ weight + s * (g @ bd @ ad), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b.grad, s * (g.reshape(-1, 3).T @ (xd.reshape(-1, 5) @ ad.T)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.grad, s * ((g @ bd).reshape(-1, 2).T @ xd.reshape(-1, 5)), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(y.detach(), LoraLinear.forward(layer, xd), atol=1e-6, rtol=1e-6)
 
 
 def test_a_model_without_the_adapted_modules_is_refused_by_name():

@@ -5,18 +5,26 @@ one per training client, plus frozen snapshots for samplers. Only the active ada
 snapshot costs its LoRA tensors (a few MB), never a copy of the base weights. The engine activates the adapter a
 request needs before running it; requests run one at a time, so activation never races.
 
+Each adapted linear layer computes ``base(x) + scaling * B(A(x))`` as one ``addmm`` (``fused_lora_forward``): peft's
+own forward scales and adds on full-size outputs, three passes over each of them (two forward, one backward) that
+the matrix product's own accumulate does for free. Anything that forward does not handle (dropout, LoRA variants,
+merged or disabled adapters, mixed dtypes, per-row adapter names) goes to peft's.
+
 Not here: optimizers (``optim.py``), checkpoint files (``checkpoint.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import Linear as LoraLinear
 
 from rlvr.engine.device import GpuPaths, model_device
 from rlvr.engine.models.load import LoadedModel
@@ -30,6 +38,37 @@ TARGET_GROUPS = {
 }
 LORA_ALPHA = 32  # Scaling is alpha / rank.
 MAX_RETIRED = 2  # released sampler snapshots kept for reuse (building an adapter's modules costs ~0.5 s on SmolLM2)
+
+
+def fused_lora_forward(layer: LoraLinear, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """``layer``'s output, ``base(x) + sum over active adapters of scaling * B(A(x))``, with each adapter's scale
+    and add done by the accumulating matrix product (``addmm``'s alpha and beta); peft's forward where it is not
+    plain LoRA on one dtype."""
+    active = [name for name in layer.active_adapters if name in layer.lora_A]
+    plain = not (args or kwargs or layer.disable_adapters or layer.merged) and all(
+        name not in layer.lora_variant and isinstance(layer.lora_dropout[name], torch.nn.Identity)
+        and layer.lora_A[name].weight.dtype == x.dtype and layer.lora_B[name].bias is None for name in active)
+    if not plain:
+        return LoraLinear.forward(layer, x, *args, **kwargs)
+    result = layer.base_layer(x)
+    for name in active:
+        up, scaling = layer.lora_B[name].weight, layer.scaling[name]
+        down = F.linear(x, layer.lora_A[name].weight)
+        if result.dtype != up.dtype:  # a bfloat16 base: peft's sum, in the base's dtype
+            result = result + (F.linear(down, up) * scaling).to(result.dtype)
+            continue
+        flat = torch.addmm(result.reshape(-1, result.shape[-1]), down.reshape(-1, down.shape[-1]), up.t(),
+                           alpha=scaling)
+        result = flat.view(result.shape)
+    return result
+
+
+def _fuse_forwards(model: torch.nn.Module) -> None:
+    """Give every adapted linear layer of ``model`` ``fused_lora_forward`` (an instance attribute: peft's class and
+    other models are untouched)."""
+    for module in model.modules():
+        if type(module) is LoraLinear and "forward" not in vars(module):
+            module.forward = functools.partial(fused_lora_forward, module)
 
 
 @dataclass(frozen=True)
@@ -107,6 +146,7 @@ class AdapterHost:
                 self.peft = get_peft_model(self.base.model, config, adapter_name=name)
             else:
                 self.peft.add_adapter(name, config)
+        _fuse_forwards(self.peft)
         self.specs[name] = spec
 
     def copy(self, source: str, name: str) -> str:
