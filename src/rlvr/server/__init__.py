@@ -4,11 +4,12 @@ tinker-cookbook trains on this machine by setting ``TINKER_BASE_URL`` (and a ``t
     from rlvr.server import serve
     serve(port=8000, api_keys="tml-...")          # or create_app(...) for any ASGI server
 
-Needs the ``rlvr[server]`` extra (fastapi, uvicorn). Modules: ``app`` (routes), ``state`` (sessions, models,
-ordering, futures, checkpoint catalog), ``wire`` (protobuf/JSON bodies), ``auth`` (API keys, body limits),
-``openai`` (OpenAI-compatible sampling at ``/v1``; ``openai_client(service)`` is an ``openai.AsyncOpenAI`` on it in
-process, with no socket), ``rest`` and ``catalog`` (the RestClient's runs and checkpoints), ``signing`` (signed
-download URLs), ``hub`` (tokenizer folders, and a hub-shaped view of them at ``/hf``).
+Needs the ``rlvr[server]`` extra (fastapi, uvicorn). Modules: ``app`` (the app, ``serve``), ``routes/`` (the
+``/api/v1`` routes by concern: sessions, training, sampling, futures, the RestClient's), ``state`` (sessions, models,
+ordering, futures), ``wire`` (protobuf/JSON bodies), ``auth`` (API keys, body limits), ``openai`` (OpenAI-compatible
+sampling at ``/v1``; ``openai_client(service)`` is an ``openai.AsyncOpenAI`` on it in process, with no socket),
+``catalog`` (runs and checkpoints), ``signing`` (signed download URLs), ``hub`` (tokenizer folders, and a hub-shaped
+view of them at ``/hf``).
 Not here: anything about training itself, which is ``rlvr.client`` on ``rlvr.engine``.
 """
 

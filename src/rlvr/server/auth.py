@@ -11,7 +11,8 @@ A GET of a checkpoint file whose query string carries a signature is decided by 
 (``signing.py``): a valid one admits it as the principal the URL was issued to, any other is refused with 403 and the
 reason.
 
-Not here: routes (``app.py``), session state (``state.py``), what a signed URL holds (``signing.py``).
+Not here: routes (``routes/``, ``hub.py``, ``openai.py``), session state (``state.py``), what a signed URL holds
+(``signing.py``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Checkpoint metadata the engine's format has no place for (published, expiry) liv
 ``$RLVR_HOME/checkpoints/.server-meta.json``, keyed by ``<run>/<kind>/<name>``. Expiry is enforced on every catalog
 access and before any load through the server (``sweep``): an expired checkpoint is deleted.
 
-Not here: HTTP (``app.py``, ``rest.py``), the checkpoint format itself (``rlvr.engine.checkpoint``).
+Not here: HTTP (``routes/rest.py``, ``routes/training.py``), the checkpoint format itself (``rlvr.engine.checkpoint``).
 """
 
 from __future__ import annotations

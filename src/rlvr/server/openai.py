@@ -34,7 +34,7 @@ and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "t
 Not here: request bodies, prompts and the error shape (``openai_wire.py``), rendering tools and parsing tool calls
 (``openai_tools.py``), the sampling itself
 (``rlvr.SamplingClient.sample``), which checkpoints exist and whose they are (``catalog.py``), the Tinker protocol
-(``app.py``).
+(``routes/``).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -236,91 +236,115 @@ def openai_routes(state: ServerState, catalog: Catalog,
     """The routes (``/models``, ``/completions``, ``/chat/completions``) as an app to mount at ``/v1``, sampling
     through ``state.service`` and serving each of ``sampling_clients`` under its ``model_path`` (or base model)."""
     pinned = {c.model_path or c.get_base_model(): c for c in sampling_clients}
-    models = Models(state, catalog, pinned)
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-
-    def owner(request: Request) -> str:
-        return request.scope.get("state", {}).get("principal", IN_PROCESS_OWNER)
-
-    def error(status: int, exc: BaseException, param: str | None = None, code: str | None = None,
-              kind: str = "invalid_request_error") -> JSONResponse:
-        return JSONResponse(bodies.error_body(str(exc) or type(exc).__name__, param, code, kind), status_code=status)
-
-    def server_error(request: Request, exc: Exception) -> JSONResponse:
-        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return error(500, exc, kind="server_error")
-
-    app.add_exception_handler(OpenAIError, lambda r, e: error(e.status, e, e.param, e.code))
-    app.add_exception_handler(UnknownId, lambda r, e: error(404, e, "model", "model_not_found"))
-    app.add_exception_handler(RlvrError, lambda r, e: error(400, e))
-    app.add_exception_handler(BodyTooLarge, lambda r, e: error(413, e))
-    app.add_exception_handler(Exception, server_error)
-    app.add_exception_handler(HTTPException, lambda r, e: error(
+    app.state.models = Models(state, catalog, pinned)
+    app.add_exception_handler(OpenAIError, lambda r, e: _error(e.status, e, e.param, e.code))
+    app.add_exception_handler(UnknownId, lambda r, e: _error(404, e, "model", "model_not_found"))
+    app.add_exception_handler(RlvrError, lambda r, e: _error(400, e))
+    app.add_exception_handler(BodyTooLarge, lambda r, e: _error(413, e))
+    app.add_exception_handler(Exception, _server_error)
+    app.add_exception_handler(HTTPException, lambda r, e: _error(
         e.status_code, OpenAIError(e.status_code, f"{r.method} /v1{r.url.path.removeprefix('/v1')} is not served: "
                                    "rlvr serves GET /v1/models, POST /v1/completions and POST /v1/chat/completions")))
-
-    @app.get("/models")
-    async def list_models(request: Request) -> dict:
-        return {"object": "list", "data": models.listing(owner(request))}
-
-    @app.post("/completions")
-    async def completions(request: Request) -> Response:
-        req: CompletionRequest = await bodies.parse(CompletionRequest, request)
-        client = await models.client(req.model, owner(request))
-        tokenizer = client.get_tokenizer()
-        prompts = bodies.prompts(req.prompt, tokenizer)
-        top = req.logprobs or 0
-        responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top) for p in prompts))
-        show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
-        choices = [{"index": i * req.n + j, "text": _choice_text(tokenizer, seq.tokens, req.stop),
-                    "finish_reason": seq.stop_reason,
-                    "logprobs": show.completion(seq, top) if req.logprobs is not None else None,
-                    "token_ids": seq.tokens, "prompt_token_ids": prompts[i]}
-                   for i, response in enumerate(responses) for j, seq in enumerate(response.sequences)]
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": req.model}
-        usage = _usage(prompts, responses)
-        if not req.stream:
-            return JSONResponse({**head, "choices": choices, "usage": usage})
-        chunks = [{**head, "choices": [choice]} for choice in choices]
-        if req.stream_options.get("include_usage"):
-            chunks.append({**head, "choices": [], "usage": usage})
-        return _stream(chunks)
-
-    @app.post("/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        req: ChatRequest = await bodies.parse(ChatRequest, request)
-        if req.top_logprobs and not req.logprobs:
-            raise OpenAIError(400, "top_logprobs needs logprobs=true; set both", "top_logprobs")
-        client = await models.client(req.model, owner(request))
-        tokenizer = client.get_tokenizer()
-        prompt = bodies.chat_prompt(req.messages, tokenizer, req.model, req.tools)
-        top = req.top_logprobs if req.logprobs else 0
-        response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top)
-        show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
-        names = req.tool_names()
-        choices = []
-        for i, seq in enumerate(response.sequences):
-            text = _choice_text(tokenizer, seq.tokens, req.stop)
-            content, calls = parse_tool_calls(text, names, [prompt, seq.tokens, i]) if names else (text, [])
-            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-            choices.append({"index": i, "message": message, "finish_reason": "tool_calls" if calls
-                            else seq.stop_reason, "logprobs": show.chat(seq) if req.logprobs else None,
-                            "token_ids": seq.tokens})
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model}
-        usage = _usage([prompt], [response])
-        if not req.stream:
-            return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage,
-                                 "prompt_token_ids": prompt})
-        chunks = [{**head, "object": "chat.completion.chunk",
-                   "choices": [{**{k: v for k, v in c.items() if k != "message"}, "delta": _delta(c["message"])}]}
-                  for c in choices]
-        chunks[0]["prompt_token_ids"] = prompt
-        if req.stream_options.get("include_usage"):
-            chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
-        return _stream(chunks)
-
+    app.include_router(router)
     return app
+
+
+def _error(status: int, exc: BaseException, param: str | None = None, code: str | None = None,
+           kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(bodies.error_body(str(exc) or type(exc).__name__, param, code, kind), status_code=status)
+
+
+def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return _error(500, exc, kind="server_error")
+
+
+def _models(request: Request) -> Models:
+    return request.app.state.models
+
+
+def _owner(request: Request) -> str:
+    return request.scope.get("state", {}).get("principal", IN_PROCESS_OWNER)
+
+
+def _parsed(model: type[SamplingRequest]) -> Any:
+    async def parse(request: Request) -> Any:
+        return await bodies.parse(model, request)
+
+    return Depends(parse)
+
+
+ModelsOf = Annotated[Models, Depends(_models)]
+"""The ``Models`` of the app serving the request."""
+Caller = Annotated[str, Depends(_owner)]
+"""Whose checkpoints the request may sample: its key's principal (``auth.py``), or ``IN_PROCESS_OWNER``."""
+
+router = APIRouter()
+
+
+@router.get("/models")
+async def list_models(models: ModelsOf, owner: Caller) -> dict:
+    return {"object": "list", "data": models.listing(owner)}
+
+
+@router.post("/completions")
+async def completions(req: Annotated[CompletionRequest, _parsed(CompletionRequest)], models: ModelsOf,
+                      owner: Caller) -> Response:
+    client = await models.client(req.model, owner)
+    tokenizer = client.get_tokenizer()
+    prompts = bodies.prompts(req.prompt, tokenizer)
+    top = req.logprobs or 0
+    responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top) for p in prompts))
+    show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
+    choices = [{"index": i * req.n + j, "text": _choice_text(tokenizer, seq.tokens, req.stop),
+                "finish_reason": seq.stop_reason,
+                "logprobs": show.completion(seq, top) if req.logprobs is not None else None,
+                "token_ids": seq.tokens, "prompt_token_ids": prompts[i]}
+               for i, response in enumerate(responses) for j, seq in enumerate(response.sequences)]
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": req.model}
+    usage = _usage(prompts, responses)
+    if not req.stream:
+        return JSONResponse({**head, "choices": choices, "usage": usage})
+    chunks = [{**head, "choices": [choice]} for choice in choices]
+    if req.stream_options.get("include_usage"):
+        chunks.append({**head, "choices": [], "usage": usage})
+    return _stream(chunks)
+
+
+@router.post("/chat/completions")
+async def chat_completions(req: Annotated[ChatRequest, _parsed(ChatRequest)], models: ModelsOf,
+                           owner: Caller) -> Response:
+    if req.top_logprobs and not req.logprobs:
+        raise OpenAIError(400, "top_logprobs needs logprobs=true; set both", "top_logprobs")
+    client = await models.client(req.model, owner)
+    tokenizer = client.get_tokenizer()
+    prompt = bodies.chat_prompt(req.messages, tokenizer, req.model, req.tools)
+    top = req.top_logprobs if req.logprobs else 0
+    response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top)
+    show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
+    names = req.tool_names()
+    choices = []
+    for i, seq in enumerate(response.sequences):
+        text = _choice_text(tokenizer, seq.tokens, req.stop)
+        content, calls = parse_tool_calls(text, names, [prompt, seq.tokens, i]) if names else (text, [])
+        message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        choices.append({"index": i, "message": message, "finish_reason": "tool_calls" if calls
+                        else seq.stop_reason, "logprobs": show.chat(seq) if req.logprobs else None,
+                        "token_ids": seq.tokens})
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model}
+    usage = _usage([prompt], [response])
+    if not req.stream:
+        return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage,
+                             "prompt_token_ids": prompt})
+    chunks = [{**head, "object": "chat.completion.chunk",
+               "choices": [{**{k: v for k, v in c.items() if k != "message"}, "delta": _delta(c["message"])}]}
+              for c in choices]
+    chunks[0]["prompt_token_ids"] = prompt
+    if req.stream_options.get("include_usage"):
+        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+    return _stream(chunks)
 
 
 def create_openai_app(service: ServiceClient | None = None,

@@ -10,8 +10,8 @@ URL (``SignatureRefused``, HTTP 403, the message saying which check failed and t
 expired, whose path, owner, expiry or signature was changed, or whose owner's key the server no longer accepts.
 
 Only GETs of a checkpoint's files (``DOWNLOAD_PATH``) are ever accepted on a signature; every other route needs the
-API key. Not here: the API key check and where it calls ``verify`` (``auth.py``), the routes that sign (``rest.py``),
-which files a checkpoint has (``catalog.py``).
+API key. Not here: the API key check and where it calls ``verify`` (``auth.py``), the routes that sign
+(``routes/rest.py``), which files a checkpoint has (``catalog.py``).
 """
 
 from __future__ import annotations

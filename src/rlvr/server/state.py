@@ -11,7 +11,7 @@
 Jobs call the public ``rlvr`` client API (``rlvr.ServiceClient`` and its clients); blocking calls run on a small
 dispatch pool, never on the event loop or the engine thread.
 
-Not here: HTTP (``app.py``), body formats (``wire.py``), model math (``rlvr.engine``).
+Not here: HTTP (``app.py``, ``routes/``), body formats (``wire.py``), model math (``rlvr.engine``).
 """
 
 from __future__ import annotations

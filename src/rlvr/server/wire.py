@@ -10,7 +10,7 @@ the SDK writes (``tinker.proto.request_conv``) and writes what it reads (``tinke
   refused as malformed can still free its seq_id.
 * ``to_wire_path`` -- rlvr checkpoint paths into the ``tinker://`` form the SDK insists on.
 
-Not here: HTTP routing (``app.py``), which request runs when (``state.py``), any model math (``rlvr.engine``).
+Not here: HTTP routing (``routes/``), which request runs when (``state.py``), any model math (``rlvr.engine``).
 """
 
 from __future__ import annotations
