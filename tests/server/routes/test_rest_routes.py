@@ -55,7 +55,8 @@ def test_search_refuses_projects_and_other_owners(api):
 @pytest.mark.parametrize(("method", "path"), list(rest.REFUSED))
 def test_calls_without_meaning_here_are_400_naming_the_sdk_method(api, method, path):
     sdk_method, why = rest.REFUSED[(method, path)]
-    r = api.http.request(method, path.replace("{session_id}", "s1"), headers={"X-API-Key": api.key})
+    r = api.http.request(method, path.replace("{session_id}", "s1"), headers={"X-API-Key": api.key},
+                         params={"sdk_method": "x", "why": "a caller's words"})  # not taken from the query string
     assert r.status_code == 400 and r.json()["detail"] == f"{sdk_method} is not supported: {why}"
 
 

@@ -56,7 +56,7 @@ def test_finish_takes_an_empty_body(api):
 
 @pytest.mark.parametrize("path", list(sessions.OFF_IN_CLIENT_CONFIG))
 def test_calls_client_config_switches_off_are_400_naming_the_feature(api, path):
-    r = api.post(path.removeprefix("/api/v1"), json={})
+    r = api.post(path.removeprefix("/api/v1") + "?sdk_method=x&why=y", json={})  # not taken from the query string
     sdk_method, why = sessions.OFF_IN_CLIENT_CONFIG[path]
     assert r.status_code == 400
     assert r.json()["detail"] == f"{sdk_method} is not supported by rlvr serve: {why}"

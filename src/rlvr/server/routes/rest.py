@@ -219,7 +219,7 @@ def _sessions_of(state: ServerState, owner: str) -> list[Session]:
 # -- refused ----------------------------------------------------------------------------------------------------------
 
 def _refusal(sdk_method: str, why: str) -> Any:
-    def refuse(request: Request, sdk_method: str = sdk_method, why: str = why) -> Response:
+    def refuse(request: Request) -> Response:  # no other parameters: FastAPI would read them from the query string
         raise wire.BadRequest(f"{sdk_method} is not supported: {why}")
 
     return refuse

@@ -98,7 +98,7 @@ anyway gets a 400 naming the feature instead of a stall. None carries a model se
 
 
 def _refusal(sdk_method: str, why: str) -> Any:
-    def refuse(sdk_method: str = sdk_method, why: str = why) -> Response:
+    def refuse() -> Response:  # no parameters: FastAPI would read them from the query string
         raise wire.BadRequest(f"{sdk_method} is not supported by rlvr serve: {why}")
 
     return refuse
