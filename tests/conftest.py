@@ -62,7 +62,7 @@ LONGEST_FILES = ("tests/rl/test_determinism.py", "tests/server/test_server_recip
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest files run first, each file's tests in their own order: ``./run-tests`` hands a file at a time to
-    each of its two workers in this order, so the long files start early and the short ones fill in at the end,
-    rather than one worker finishing a long file alone while the other waits."""
+    each of its two workers in this order (``--no-loadscope-reorder``), so the long files start early and the short
+    ones fill in at the end, rather than one worker finishing a long file alone while the other waits."""
     rank = {path: index for index, path in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
