@@ -47,22 +47,3 @@ def service():
 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
-
-
-# The files that take longest in the full suite, longest first (from `./run-tests --durations=90`, 2026-11-27; the
-# order only has to be roughly right).
-LONGEST_FILES = ("tests/rl/test_determinism.py", "tests/server/test_server_recipes.py",
-                 "tests/rl/test_determinism_smollm2.py", "tests/rl/test_stop.py",
-                 "tests/distributed/test_distributed_loop.py", "tests/rl/test_run.py", "tests/test_cli.py",
-                 "tests/rl/test_loop.py", "tests/server/test_server_cookbook.py", "tests/gpu/test_bench_gpu.py",
-                 "tests/rl/test_checkpoints.py", "tests/engine/test_export.py", "tests/server/test_openai.py",
-                 "tests/server/test_server_walk.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files run first, each file's tests in their own order: ``./run-tests`` hands a file at a time to
-    each of its two workers in this order (``--no-loadscope-reorder``), so the long files start early and the short
-    ones fill in at the end, rather than one worker finishing a long file alone while the other waits."""
-    rank = {path: index for index, path in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
