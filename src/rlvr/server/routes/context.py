@@ -29,7 +29,7 @@ from rlvr.server.hub import TokenizerFolders
 from rlvr.server.signing import UrlSigner
 from rlvr.server.state import Gone, ModelEntry, SeqIdRefused, ServerState, UnknownId
 
-__all__ = ["Body", "Ctx", "Owner", "RouteContext", "accepted", "owner_of", "read_body", "route_context"]
+__all__ = ["Body", "Ctx", "Owner", "RouteContext", "accepted", "owner_of", "read_body", "refusal", "route_context"]
 
 
 @dataclass
@@ -97,6 +97,16 @@ class RouteContext:
 def accepted(request_id: str, model_id: str | None = None, **extra: Any) -> JSONResponse:
     """The reply to a queued request: the id of the future the SDK then polls with ``/retrieve_future``."""
     return JSONResponse(wire.json_body(types.UntypedAPIFuture(request_id=request_id, model_id=model_id, **extra)))
+
+
+def refusal(message: str) -> Callable[[], JSONResponse]:
+    """A handler for a call rlvr serve does not take: every request gets a 400 saying ``message``. It has no
+    parameters, which FastAPI would read from the query string."""
+
+    def refuse() -> JSONResponse:
+        raise wire.BadRequest(message)
+
+    return refuse
 
 
 def route_context(request: Request) -> RouteContext:

@@ -31,7 +31,7 @@ from tinker import types
 
 from rlvr.server import wire
 from rlvr.server.catalog import Catalog
-from rlvr.server.routes.context import Body, Ctx, Owner
+from rlvr.server.routes.context import Body, Ctx, Owner, refusal
 from rlvr.server.state import ServerState, Session, UnknownId
 
 __all__ = ["REFUSED", "router"]
@@ -218,15 +218,8 @@ def _sessions_of(state: ServerState, owner: str) -> list[Session]:
 
 # -- refused ----------------------------------------------------------------------------------------------------------
 
-def _refusal(sdk_method: str, why: str) -> Any:
-    def refuse(request: Request) -> Response:  # no other parameters: FastAPI would read them from the query string
-        raise wire.BadRequest(f"{sdk_method} is not supported: {why}")
-
-    return refuse
-
-
 for (_method, _path), (_sdk_method, _why) in REFUSED.items():
-    router.add_api_route(_path, _refusal(_sdk_method, _why), methods=[_method])
+    router.add_api_route(_path, refusal(f"{_sdk_method} is not supported: {_why}"), methods=[_method])
 
 
 def _status(session: Session) -> Any:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from tinker import types
 
 from rlvr.server import wire
-from rlvr.server.routes.context import Body, Ctx, Owner
+from rlvr.server.routes.context import Body, Ctx, Owner, refusal
 from rlvr.server.state import UnknownId
 
 __all__ = ["router", "unserved"]
@@ -97,15 +97,8 @@ OFF_IN_CLIENT_CONFIG = {
 anyway gets a 400 naming the feature instead of a stall. None carries a model seq_id, so there is none to free."""
 
 
-def _refusal(sdk_method: str, why: str) -> Any:
-    def refuse() -> Response:  # no parameters: FastAPI would read them from the query string
-        raise wire.BadRequest(f"{sdk_method} is not supported by rlvr serve: {why}")
-
-    return refuse
-
-
 for _path, (_sdk_method, _why) in OFF_IN_CLIENT_CONFIG.items():
-    unserved.add_api_route(_path, _refusal(_sdk_method, _why), methods=["POST"])
+    unserved.add_api_route(_path, refusal(f"{_sdk_method} is not supported by rlvr serve: {_why}"), methods=["POST"])
 
 
 @unserved.api_route("/api/v1/{name:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
