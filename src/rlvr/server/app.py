@@ -16,8 +16,9 @@ timeout for it.
 Not here: the routes, by concern (``routes/``: ``sessions.py``, ``training.py``, ``sampling.py``, ``futures.py``, and
 ``rest.py`` for the RestClient), what they share (``routes/context.py``), body formats (``wire.py``),
 sessions/ordering (``state.py``), keys and size limits (``auth.py``), what a run or checkpoint is (``catalog.py``),
-signed download URLs (``signing.py``), tokenizer folders and their hub-shaped view at ``/hf`` (``hub.py``) and the
-OpenAI-compatible sampling routes mounted at ``/v1`` (``openai.py``).
+signed download URLs (``signing.py``), tokenizer folders and their hub-shaped view at ``/hf`` (``hub.py``), the
+OpenAI-compatible sampling routes mounted at ``/v1`` (``openai.py``) and vLLM's token-in/token-out route at
+``/inference/v1/generate`` (``generate.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from fastapi.responses import JSONResponse
 
 from rlvr.client import ServiceClient
 from rlvr.errors import ConfigurationError, RlvrError, RunInterrupted
-from rlvr.server import wire
+from rlvr.server import generate, wire
 from rlvr.server.auth import AdmissionMiddleware, BodyTooLarge, load_api_keys, principal_of
 from rlvr.server.catalog import Catalog
 from rlvr.server.hub import TokenizerFolders, add_hub_routes
@@ -92,7 +93,9 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
     for routes in (sessions.router, training.router, sampling.router, futures.router, rest.router):
         app.include_router(routes)
     add_hub_routes(app, state, ctx.tokenizers, owner_of)  # /hf: tokenizers for SamplingClient.get_tokenizer
-    app.mount("/v1", openai_routes(state, ctx.catalog))  # OpenAI-compatible sampling
+    openai = openai_routes(state, ctx.catalog)
+    app.mount("/v1", openai)  # OpenAI-compatible sampling
+    app.mount(generate.MOUNT, generate.generate_routes(openai.state.models))  # vLLM's token-in/token-out route
     app.include_router(sessions.unserved)  # last: it takes every /api/v1 path the routes above do not
     return app
 

@@ -2,8 +2,8 @@
 
 ``load_api_keys`` gathers the accepted keys (arguments, ``RLVR_API_KEY``, a keys file); ``AdmissionMiddleware`` is
 an ASGI middleware that, before any route runs or any body byte is read, answers 401 to a request without a valid
-``X-API-Key`` (or ``Authorization: Bearer``) and 413 to a body over the limit (under ``/v1/``, in OpenAI's error
-shape). A rejected request touches no state.
+``X-API-Key`` (or ``Authorization: Bearer``) and 413 to a body over the limit (under ``/v1/`` and ``/inference/``,
+in OpenAI's error shape). A rejected request touches no state.
 Each accepted request carries a principal (a digest of its key) in ``scope["state"]["principal"]``, so sessions,
 models and futures stay private to the key that made them.
 
@@ -36,8 +36,9 @@ ENV_KEYS_FILE = "RLVR_API_KEYS_FILE"
 OPEN_PATHS = frozenset({"/api/v1/healthz"})
 HUB_PREFIX = "/hf"
 """Where the hub-shaped tokenizer routes live (``hub.py``): a refusal there names ``HF_TOKEN``."""
-OPENAI_PREFIX = "/v1/"
-"""Where the OpenAI-compatible routes live (``openai.py``): refusals there use OpenAI's error shape."""
+OPENAI_PREFIXES = ("/v1/", "/inference/")
+"""Where the OpenAI-compatible routes (``openai.py``) and vLLM's generate route (``generate.py``) live: refusals there
+use OpenAI's error shape."""
 
 
 def load_api_keys(api_keys: str | Iterable[str] | None = None, keys_file: str | Path | None = None) -> list[str]:
@@ -161,8 +162,9 @@ def _limited(receive: Any, limit: int) -> Any:
 
 
 async def _reply(send: Any, path: str, status: int, detail: str) -> None:
-    """A refusal in the shape its client reads: the tinker SDK's ``detail``, or OpenAI's ``error`` under ``/v1/``."""
-    if path.startswith(OPENAI_PREFIX):
+    """A refusal in the shape its client reads: the tinker SDK's ``detail``, or OpenAI's ``error`` under ``/v1/`` and
+    ``/inference/``."""
+    if path.startswith(OPENAI_PREFIXES):
         code = "invalid_api_key" if status == 401 else None
         reply: dict[str, Any] = {"error": {"message": detail, "type": "invalid_request_error", "param": None,
                                            "code": code}}

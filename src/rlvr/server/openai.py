@@ -1,7 +1,7 @@
 """OpenAI-compatible sampling: ``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``, served
 by rlvr's own sampler, so agent code and libraries that take an OpenAI client sample from rlvr models and checkpoints.
 
-    client = openai_client(service)                    # in process: an openai.AsyncOpenAI, no socket, no key
+    client = openai_client(service)                    # in process (in_process.py): an openai.AsyncOpenAI, no socket
     await client.chat.completions.create(model="tiny", messages=[...], logprobs=True, seed=1)
 
 ``rlvr serve`` mounts the same routes at ``/v1``, behind its API keys (``Authorization: Bearer tml-...``, which is how
@@ -34,7 +34,7 @@ and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "t
 Not here: request bodies, prompts and the error shape (``openai_wire.py``), rendering tools and parsing tool calls
 (``openai_tools.py``), the sampling itself
 (``rlvr.SamplingClient.sample``), which checkpoints exist and whose they are (``catalog.py``), the Tinker protocol
-(``routes/``).
+(``routes/``), vLLM's token-in/token-out route (``generate.py``, over the same ``Models``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from tinker import types
 
-from rlvr.client import SamplingClient, ServiceClient
+from rlvr.client import SamplingClient
 from rlvr.errors import RlvrError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.auth import BodyTooLarge
@@ -64,7 +64,7 @@ from rlvr.server.openai_tools import parse_tool_calls
 from rlvr.server.openai_wire import ChatRequest, CompletionRequest, OpenAIError, SamplingRequest
 from rlvr.server.state import ServerState, UnknownId
 
-__all__ = ["create_openai_app", "openai_client", "openai_routes"]
+__all__ = ["Models", "TokenStrings", "openai_routes", "sampling_app"]
 
 log = logging.getLogger("rlvr.server")
 
@@ -181,7 +181,7 @@ def _choice_text(tokenizer: Any, tokens: list[int], stops: Iterable[str]) -> str
     return text[:min(cuts)] if cuts else text
 
 
-class _Tokens:
+class TokenStrings:
     """Token strings as logprobs show them: the token's text, or ``token_id:<id>`` when the request asks."""
 
     def __init__(self, tokenizer: Any, as_ids: bool) -> None:
@@ -236,17 +236,26 @@ def openai_routes(state: ServerState, catalog: Catalog,
     """The routes (``/models``, ``/completions``, ``/chat/completions``) as an app to mount at ``/v1``, sampling
     through ``state.service`` and serving each of ``sampling_clients`` under its ``model_path`` (or base model)."""
     pinned = {c.model_path or c.get_base_model(): c for c in sampling_clients}
+    app = sampling_app(Models(state, catalog, pinned), "/v1",
+                       "GET /v1/models, POST /v1/completions and POST /v1/chat/completions")
+    app.include_router(router)
+    return app
+
+
+def sampling_app(models: Models, mount: str, served: str) -> FastAPI:
+    """An app without routes, to mount at ``mount``, whose routes sample through ``models`` and answer errors in
+    OpenAI's shape (a route that is not there: a 404 saying what is ``served``). ``openai_routes`` and
+    ``generate.generate_routes`` each add theirs, over the same ``models``."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.models = Models(state, catalog, pinned)
+    app.state.models = models
     app.add_exception_handler(OpenAIError, lambda r, e: _error(e.status, e, e.param, e.code))
     app.add_exception_handler(UnknownId, lambda r, e: _error(404, e, "model", "model_not_found"))
     app.add_exception_handler(RlvrError, lambda r, e: _error(400, e))
     app.add_exception_handler(BodyTooLarge, lambda r, e: _error(413, e))
     app.add_exception_handler(Exception, _server_error)
     app.add_exception_handler(HTTPException, lambda r, e: _error(
-        e.status_code, OpenAIError(e.status_code, f"{r.method} /v1{r.url.path.removeprefix('/v1')} is not served: "
-                                   "rlvr serves GET /v1/models, POST /v1/completions and POST /v1/chat/completions")))
-    app.include_router(router)
+        e.status_code, OpenAIError(e.status_code, f"{r.method} {mount}{r.url.path.removeprefix(mount)} is not "
+                                   f"served: rlvr serves {served}")))
     return app
 
 
@@ -296,7 +305,7 @@ async def completions(req: Annotated[CompletionRequest, _parsed(CompletionReques
     prompts = bodies.prompts(req.prompt, tokenizer)
     top = req.logprobs or 0
     responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top) for p in prompts))
-    show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
+    show = TokenStrings(tokenizer, req.return_tokens_as_token_ids)
     choices = [{"index": i * req.n + j, "text": _choice_text(tokenizer, seq.tokens, req.stop),
                 "finish_reason": seq.stop_reason,
                 "logprobs": show.completion(seq, top) if req.logprobs is not None else None,
@@ -323,7 +332,7 @@ async def chat_completions(req: Annotated[ChatRequest, _parsed(ChatRequest)], mo
     prompt = bodies.chat_prompt(req.messages, tokenizer, req.model, req.tools)
     top = req.top_logprobs if req.logprobs else 0
     response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top)
-    show = _Tokens(tokenizer, req.return_tokens_as_token_ids)
+    show = TokenStrings(tokenizer, req.return_tokens_as_token_ids)
     names = req.tool_names()
     choices = []
     for i, seq in enumerate(response.sequences):
@@ -345,35 +354,3 @@ async def chat_completions(req: Annotated[ChatRequest, _parsed(ChatRequest)], mo
     if req.stream_options.get("include_usage"):
         chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
     return _stream(chunks)
-
-
-def create_openai_app(service: ServiceClient | None = None,
-                      sampling_clients: Iterable[SamplingClient] = ()) -> FastAPI:
-    """The OpenAI routes alone, at ``/v1``, for in-process use: no API key (nothing outside the process reaches
-    it), every checkpoint on disk visible. ``service`` samples base models and checkpoints (default: a
-    ``rlvr.ServiceClient()`` on the shared engine, or the engine of the first of ``sampling_clients``)."""
-    clients = list(sampling_clients)
-    if service is None:
-        service = ServiceClient(engine=clients[0].engine) if clients else ServiceClient()
-    state = ServerState(service)
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.mount("/v1", openai_routes(state, Catalog(state), clients))
-    return app
-
-
-def openai_client(client: ServiceClient | SamplingClient | None = None, **options: Any) -> Any:
-    """An ``openai.AsyncOpenAI`` that samples from ``client`` in this process, through ``create_openai_app`` over
-    ``httpx.ASGITransport`` (no socket). A ``ServiceClient`` serves base models and saved sampler checkpoints; a
-    ``SamplingClient`` is served as model ``client.model_path or client.get_base_model()`` besides those. ``options``
-    go to ``AsyncOpenAI`` (``max_retries``, ``timeout``...). Needs the ``openai`` package; there is no synchronous
-    ``OpenAI`` twin, as httpx has no synchronous ASGI transport."""
-    import httpx
-    import openai
-
-    if isinstance(client, SamplingClient):
-        app = create_openai_app(sampling_clients=[client])
-    else:
-        app = create_openai_app(client)
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    http = httpx.AsyncClient(transport=transport, base_url="http://rlvr.in-process")
-    return openai.AsyncOpenAI(base_url="http://rlvr.in-process/v1", api_key="in-process", http_client=http, **options)

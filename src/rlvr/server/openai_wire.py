@@ -192,7 +192,11 @@ class ChatRequest(SamplingRequest):
         return {t.function.name for t in self.tools} if self.tool_choice == "auto" else set()
 
 
-async def parse(model: type[pydantic.BaseModel], request: Request) -> Any:
+async def parse(model: type[pydantic.BaseModel], request: Request,
+                refused: dict[str, tuple[tuple[Any, ...], str]] = REFUSED) -> Any:
+    """``request``'s JSON body as ``model``; a 400 naming the field for a body that is not one, or that sets a field
+    of ``refused`` (a dotted name reaches into an object: ``sampling_params.min_p``) to a value that changes the
+    result."""
     try:
         data = json.loads(await request.body())
     except ValueError:
@@ -200,9 +204,13 @@ async def parse(model: type[pydantic.BaseModel], request: Request) -> Any:
                                "application/json") from None
     if not isinstance(data, dict):
         raise OpenAIError(400, f"the request body is a JSON {type(data).__name__}; send a JSON object")
-    for name, (neutral, why) in REFUSED.items():
-        if name in data and data[name] not in neutral:
-            raise OpenAIError(400, f"{name}={_short(data[name])} is not supported: {why}; leave it unset", name)
+    for name, (neutral, why) in refused.items():
+        *outer, field = name.split(".")
+        holder: Any = data
+        for key in outer:
+            holder = holder.get(key) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and field in holder and holder[field] not in neutral:
+            raise OpenAIError(400, f"{name}={_short(holder[field])} is not supported: {why}; leave it unset", name)
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
