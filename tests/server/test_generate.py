@@ -93,6 +93,7 @@ BAD_REQUESTS = [
     ({"token_ids": ["5"]}, "token_ids.0", "valid integer"),
     ({"token_ids": [-1]}, "token_ids.0", "greater than or equal to 0"),
     ({"token_ids": [300000]}, "token_ids", "outside the vocabulary"),
+    ({"token_ids": [5] * 9000}, "token_ids", "fills the model's context"),
     ({"model": None}, "model", "model is required"),
     ({"sampling_params": {"temperature": -1}}, "sampling_params.temperature", "greater than or equal to 0"),
     ({"sampling_params": {"logprobs": 21}}, "sampling_params.logprobs", "less than or equal to 20"),
@@ -112,6 +113,7 @@ def test_a_malformed_request_is_400_naming_the_field_and_the_next_request_is_ser
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and says in error["message"], error
+    assert (error["code"] == "context_length_exceeded") == ("context" in says)  # how clients tell an overflow
     ok = http.post("/generate", json=_train_client_body(PROMPT, eos, max_tokens=2))
     assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"]
 

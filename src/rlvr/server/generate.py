@@ -147,7 +147,9 @@ async def generate(req: Annotated[GenerateRequest, Depends(_parsed_request)], mo
     try:
         response = await client.sample(types.ModelInput.from_ints(req.token_ids), sampling.n, params,
                                        topk_sample_logprobs=sampling.logprobs or 0)
-    except (InvalidDatumError, ContextFullError) as exc:  # the prompt: outside the vocabulary, or longer than fits
+    except ContextFullError as exc:  # OpenAI's code for it, which clients read as "the conversation is over"
+        raise OpenAIError(400, f"token_ids: {exc}", "token_ids", "context_length_exceeded") from exc
+    except InvalidDatumError as exc:  # a token id outside the vocabulary
         raise OpenAIError(400, f"token_ids: {exc}", "token_ids") from exc
     except RlvrError as exc:
         field = "stop_token_ids" if sampling.stop_token_ids else "stop"
