@@ -2,8 +2,9 @@
 ``TrainClient`` sampling from ``rlvr serve``'s generate route (token ids and logprobs equal to the engine's, a refused
 request answered with a 4xx naming the field and the next one served), and v1 tasksets (``tests/verifiers_v1_sums.py``
 single-turn, ``tests/verifiers_v1_again.py`` multi-turn) played by verifiers' own env and interception server through
-rlvr's in-process chat harness: the tokens trained are the tokens sampled, user turns are observation, the
-taskset's rewards are the reward and reach ``metrics.jsonl``, a reward function that raises is a counted failure.
+rlvr's in-process chat harness (and, where ``uv`` is on the PATH, verifiers' own ``null`` chat program under ``uv``
+in its subprocess runtime): the tokens trained are the tokens sampled, user turns are observation, the taskset's
+rewards are the reward and reach ``metrics.jsonl``, a reward function that raises is a counted failure.
 
 Needs verifiers 0.4 (and with it openai 2.x), which cannot share a virtual environment with the dev extra's verifiers
 0.3: ``tests/rl/test_verifiers_v1_venv.py`` runs this file in ``.venv-verifiers4``
@@ -15,6 +16,7 @@ import asyncio
 import itertools
 import json
 import math
+import shutil
 import socket
 import threading
 import time
@@ -234,9 +236,24 @@ def test_episodes_sample_from_a_running_rlvr_serve(served, service, tokenizer):
                                               strict=True)) < 1e-4
 
 
-def test_a_harness_that_needs_uv_is_refused_without_it_naming_the_fix(tokenizer, monkeypatch):
-    import shutil
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on the PATH (tests/rl/test_verifiers_v1_venv.py "
+                                                       "puts .venv-verifiers4's on it)")
+def test_a_harness_that_is_a_uv_script_runs_in_the_subprocess_runtime(tokenizer, sampler):
+    dataset = VerifiersV1Dataset("verifiers_v1_sums", tokenizer, groups_per_batch=1, group_size=2, harness="null")
+    assert {h.config.id for h in dataset.env._harnesses.values()} == {"null"}  # verifiers' own chat program, via uv
+    [builder] = dataset.get_batch(0)
+    [group] = dataset.rollout(sampler, [builder], PARAMS, max_turns=1, seed=0, timing={})
+    for trajectory in group.trajectories:
+        [turn] = trajectory.transitions
+        assert trajectory.failure is None
+        assert max(abs(a - b) for a, b in zip(turn.logprobs, engine_logprobs(sampler, turn.observation,
+                                                                             turn.action), strict=True)) < 1e-4
+        reply = tokenizer.decode(turn.action, skip_special_tokens=True).strip()
+        assert trajectory.reward == pytest.approx(text_score(reply) + 0.5 * (builder.task.data.answer in reply))
 
+
+def test_a_harness_that_needs_uv_is_refused_without_it_naming_the_fix(tokenizer, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
     with pytest.raises(ConfigurationError, match=r"harness 'null' runs its program as a PEP 723 script under uv.*"
                                                  r"pip install uv"):

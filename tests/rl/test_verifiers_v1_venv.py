@@ -1,7 +1,8 @@
 """verifiers 0.4 beside the dev environment's 0.3: where ``verifiers.v1`` is not importable here (the dev extra holds
 verifiers 0.3.x and openai 3.x, which 0.4's ``openai<3`` excludes), ``tests/rl/test_verifiers_v1.py`` runs in
 ``.venv-verifiers4``, made on first use by ``scripts/ensure-venv-verifiers4.sh`` (rlvr with verifiers 0.4.0, openai
-2.x, renderers; about a minute from the package index, then cached), in a subprocess of its own."""
+2.x, renderers and uv; about two minutes from the package index, then cached), in a subprocess of its own, with that
+environment's ``uv`` on the PATH (verifiers' ``null`` harness fetches its script's packages with it on first use)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_the_verifiers_v1_tests_pass_with_verifiers_0_4():
     assert made.returncode == 0, f"could not make .venv-verifiers4:\n{made.stderr[-4000:]}"
     python = ROOT / ".venv-verifiers4" / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # its uv, for the harness that is a uv script
     # the project's addopts left out (their -q hides the summary line read below); slow tests included
     ran = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "-q", "-m",
                           "not gpu", "tests/rl/test_verifiers_v1.py"], cwd=ROOT, env=env, capture_output=True,
