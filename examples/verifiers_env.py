@@ -3,8 +3,9 @@ with ``--turns 2`` a wrong answer gets "Not quite, try again." and a second turn
 
     .venv/bin/python examples/verifiers_env.py [--steps 10] [--turns 1] [--model smollm2-135m] [--out runs/vf]
 
-Needs ``pip install 'rlvr[verifiers]'``. The module is also an installable verifiers environment: with examples/ on
-``PYTHONPATH``, ``VerifiersDataset("verifiers_env", tokenizer)`` loads it by id through ``load_environment``.
+Needs ``pip install 'rlvr[verifiers]' 'verifiers<0.4'`` (0.4's v1 tasksets train through ``rlvr.rl.verifiers_v1``).
+The module is also an installable verifiers environment: with examples/ on ``PYTHONPATH``,
+``VerifiersDataset("verifiers_env", tokenizer)`` loads it by id through ``load_environment``.
 """
 
 from __future__ import annotations

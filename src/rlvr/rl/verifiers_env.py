@@ -28,8 +28,8 @@ function that hangs is left running in a daemon thread; an ``async`` one that bl
 What is covered: the classic verifiers API (``Environment``, ``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``,
 ``Rubric``) of releases 0.3.x, text chat, tool calls. What is not: what rlvr's endpoint refuses (``tool_choice`` other
 than ``"auto"`` or ``"none"``, a tool name OpenAI would not take: the run stops on the first such request, naming
-it), the ``verifiers.v1`` stack of 0.4 (tasksets and harnesses run as ``uv`` scripts in subprocesses and reach the
-model over HTTP), held-out evaluation of the env's ``eval_dataset``.
+it), held-out evaluation of the env's ``eval_dataset``. verifiers 0.4 has no classic API: its v1 tasksets train
+through ``verifiers_v1.py``.
 
 Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which DESIGN.md's arrows allow (``rl/`` must
 not import torch or ``rlvr.engine``); it does so inside functions, so importing ``rlvr.rl`` never needs fastapi.
@@ -63,7 +63,7 @@ from rlvr.rl.envs import (
 
 __all__ = ["VerifiersDataset", "VerifiersGroup", "import_verifiers", "load_verifiers_env"]
 
-INSTALL = "pip install 'rlvr[verifiers]'"
+INSTALL = "pip install 'rlvr[verifiers]' 'verifiers<0.4'"
 _FAILURES = "rlvr_reward_failures"  # the state key where guarded reward functions note what went wrong
 
 
@@ -78,7 +78,8 @@ def import_verifiers() -> Any:
     except (AttributeError, ImportError) as exc:
         raise ConfigurationError(
             f"verifiers {getattr(verifiers, '__version__', '?')} has no classic Environment API (0.4 moved to "
-            f"verifiers.v1, whose harnesses run as uv scripts over HTTP); rlvr runs verifiers 0.3.x: {INSTALL}"
+            f"verifiers.v1 tasksets, which train with rlvr.rl.verifiers_v1.VerifiersV1Dataset); for classic "
+            f"environments: {INSTALL}"
         ) from exc
     return verifiers
 
