@@ -69,12 +69,14 @@ class LoopbackEndpoint:
     """``create_openai_app(service)`` served by uvicorn from a daemon thread on ``127.0.0.1`` (a free port), behind
     ``key`` (made here, ``tml-`` + 32 random characters): the base URL is ``url`` (``url + "/v1"`` for an OpenAI
     client). ``serve(sampling_client)`` makes a sampling client's weights, saved or not, the model named by the name
-    it returns, until the next ``serve`` of a client of that name. ``close()`` stops the server."""
+    it returns, until the next ``serve`` (one at a time, so a loop's old samplers are let go). ``close()`` stops the
+    server."""
 
     def __init__(self, service: ServiceClient, start_timeout_s: float = 30.0) -> None:
         import uvicorn
 
         self.key = "tml-" + secrets.token_urlsafe(24)
+        self._served: str | None = None
         app = create_openai_app(service)
         self._models = app.state.models
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -95,7 +97,10 @@ class LoopbackEndpoint:
 
     def serve(self, client: SamplingClient) -> str:
         name = client.model_path or client.get_base_model()
+        if self._served is not None:  # the previous step's weights: a loop serves one sampler at a time
+            self._models.pinned.pop(self._served, None)
         self._models.pinned[name] = client
+        self._served = name
         return name
 
     def close(self) -> None:
