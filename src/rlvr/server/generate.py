@@ -37,7 +37,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from tinker import types
 
-from rlvr.errors import ContextFullError, InvalidDatumError, RlvrError
+from rlvr.errors import ConfigurationError, ContextFullError, InvalidDatumError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.openai import Caller, Models, ModelsOf, TokenStrings, sampling_app
 from rlvr.server.openai_wire import MAX_TOP_LOGPROBS, OpenAIError
@@ -151,7 +151,7 @@ async def generate(req: Annotated[GenerateRequest, Depends(_parsed_request)], mo
         raise OpenAIError(400, f"token_ids: {exc}", "token_ids", "context_length_exceeded") from exc
     except InvalidDatumError as exc:  # a token id outside the vocabulary
         raise OpenAIError(400, f"token_ids: {exc}", "token_ids") from exc
-    except RlvrError as exc:
+    except ConfigurationError as exc:  # the sampling settings the body already passed: a stop id outside the vocabulary
         field = "stop_token_ids" if sampling.stop_token_ids else "stop"
         raise OpenAIError(400, f"sampling_params: {exc}", f"sampling_params.{field}") from exc
     show = TokenStrings(None, as_ids=True)
