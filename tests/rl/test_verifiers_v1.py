@@ -168,6 +168,28 @@ def test_a_multi_turn_env_plays_its_turns_and_trains_only_sampled_tokens(tokeniz
         assert tokenizer.decode(unweighted).count("Again.") >= 2
 
 
+def test_a_full_context_is_a_counted_failure_and_any_other_refusal_stops_the_step():
+    from types import SimpleNamespace
+
+    from verifiers.v1.trace import Error
+
+    from rlvr.errors import SamplingError
+    from rlvr.rl.verifiers_v1 import episode_trajectory
+
+    def episode(message: str) -> SimpleNamespace:
+        trace = SimpleNamespace(agent=SimpleNamespace(trainable=True, name="agent"), branches=[], rewards={},
+                                metrics={}, stop_condition=None, reward=0.0,
+                                errors=[Error(type="ProviderError", status_code=400, message=message)])
+        return SimpleNamespace(traces=[trace], errors=[], task=SimpleNamespace(type="SayTask",
+                                                                               data=SimpleNamespace(idx=3)))
+
+    full = episode_trajectory(episode("Error code: 400 - {'error': {'message': 'token_ids: the prompt has 1024 "
+                                      "tokens...', 'code': 'context_length_exceeded'}}"))
+    assert math.isnan(full.reward) and "context_length_exceeded" in full.failure
+    with pytest.raises(SamplingError, match=r"refused a request of SayTask \(task 3\).*sampling_params.min_p"):
+        episode_trajectory(episode("sampling_params.min_p=0.1 is not supported"))
+
+
 # -- the loop ---------------------------------------------------------------------------------------------------------
 
 def read_jsonl(path):

@@ -25,9 +25,10 @@ A harness that runs a PEP 723 program (``bash``, ``null``, the coding agents) ru
 subprocess runtime (``runtime=`` may name another): without ``uv`` on the PATH the dataset refuses to start, naming
 the fix. verifiers' default runtime, a remote sandbox, is never chosen for you.
 
-Failures: an episode that fails (a harness, a tool server or a reward function raises, a timeout) is a failed reward,
-NaN, counted and named in the rollout log, its group not trained on; never a 0. A request rlvr's endpoint refuses (a
-4xx: the run's settings or the taskset's requests are wrong for every rollout) stops the step, naming it.
+Failures: an episode that fails (a harness, a tool server or a reward function raises, a timeout, a conversation that
+fills the model's context, which verifiers ends as a failed rollout) is a failed reward, NaN, counted and named in the
+rollout log, its group not trained on; never a 0. A request rlvr's endpoint refuses otherwise (a 4xx: the run's
+settings or the taskset's requests are wrong for every rollout) stops the step, naming it.
 
 What is covered: single-agent tasksets and multi-agent envs (each trainable seat's trace trains), chat turns, MCP
 tools, multi-turn envs that relay user turns (``interaction().turn``). What is not: held-out evaluation of a second
@@ -126,10 +127,14 @@ def _branch_transitions(branch: Any) -> list[Transition]:
 
 
 def _refusal(trace: Any) -> str | None:
-    """What rlvr's endpoint refused in this trace (a 4xx from the model call), if anything."""
+    """What rlvr's endpoint refused in this trace (a 4xx from the model call), if anything. A conversation that
+    filled the model's context is not a refusal: what the model wrote did it, so it is that rollout's failure."""
+    from verifiers.v1.harnesses.utils.compaction import CONTEXT_OVERFLOW_MARKERS
+
     for error in trace.errors:
         if error.type == "ProviderError" and error.status_code is not None and 400 <= error.status_code < 500:
-            return f"{error.type} {error.status_code}: {error.message}"
+            if not any(marker in error.message.casefold() for marker in CONTEXT_OVERFLOW_MARKERS):
+                return f"{error.type} {error.status_code}: {error.message}"
     return None
 
 
