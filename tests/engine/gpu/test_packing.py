@@ -59,14 +59,19 @@ def _head(vocab: int, hidden: int, seed: int) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 50, 1000])
-def test_chunked_logprobs_equal_the_full_log_softmax_values_and_gradients(chunk):
+@pytest.mark.parametrize("k", [None, 3])  # one target a row, or three (top-K distillation; a repeat among them)
+def test_chunked_logprobs_equal_the_full_log_softmax_values_and_gradients(chunk, k):
     g = torch.Generator().manual_seed(1)
     head = _head(vocab=301, hidden=24, seed=2)
     hidden = torch.randn(50, 24, generator=g, requires_grad=True)
-    targets = torch.randint(0, 301, (50,), generator=g)
-    weights = torch.randn(50, generator=g)
+    shape = (50,) if k is None else (50, k)
+    targets = torch.randint(0, 301, shape, generator=g)
+    if k is not None:
+        targets[:, 2] = targets[:, 0]
+    weights = torch.randn(shape, generator=g)
 
-    full = torch.log_softmax(head(hidden), -1)[torch.arange(50), targets]  # the definition
+    rows = torch.arange(50) if k is None else torch.arange(50)[:, None]
+    full = torch.log_softmax(head(hidden), -1)[rows, targets]  # the definition
     (weights * full).sum().backward()
     want = [hidden.grad.clone(), head.low.grad.clone(), head.up.grad.clone()]
     for t in (hidden, head.low, head.up):

@@ -53,11 +53,13 @@ def test_plan_covers_every_row_once_within_the_token_budget():
     assert len(batches) > 1  # the 40-row group did not fit one microbatch: split, prefix recomputed
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["lora_head", "frozen_head"])
+def model(request):
+    """tiny with LoRA, on the output layer too or not (``train_unembed=False``: the frozen head's own backward)."""
     base, tokenizer = build_tiny_model()
     torch.manual_seed(0)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", "lm_head"],
+    head = ["lm_head"] if request.param == "lora_head" else []
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj", *head],
                         init_lora_weights=False)
     return get_peft_model(base, config), tokenizer.pad_token_id
 
