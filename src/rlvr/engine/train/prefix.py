@@ -13,9 +13,10 @@ datum: a batch with no sharing is one plain forward.
 The output layer runs on the decoder's hidden states. Where a forward's float32 logits would pass
 ``LOGITS_MAX_BYTES`` (a 151,936-entry vocabulary at 4096 tokens is 2.5 GB, and its log-softmax's backward as much
 again), only the positions that have a target go through it, each (position, target) once, a chunk of rows at a time,
-and each chunk is recomputed in the backward pass instead of kept (``logprobs.target_logprobs``): one more pass of the
-output layer for memory that no longer grows with the batch. Below it the whole logits tensor is taken, as fast as
-before.
+and no chunk's logits are kept for the backward pass (``logprobs.target_logprobs``): a LoRA on the output layer
+recomputes them there (one more pass of the output layer), a frozen output layer keeps one hidden-sized row per token
+instead (no more passes). Memory no longer grows with the vocabulary. Below the limit the whole logits tensor is
+taken.
 
 Not here: datum checking (``batch.py``), losses (``losses.py``).
 """
