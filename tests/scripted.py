@@ -19,12 +19,12 @@ def script_chat(monkeypatch, write: Callable[[str], str | None]) -> list[str]:
     real = endpoint._sample
     seen: list[str] = []
 
-    async def sample(client, prompt: list[int], req, max_tokens, top: int) -> types.SampleResponse:
+    async def sample(client, prompt: list[int], req, max_tokens, top: int, field: str) -> types.SampleResponse:
         tokenizer = client.get_tokenizer()
         seen.append(tokenizer.decode(prompt))
         text = write(seen[-1])
         if text is None:
-            return await real(client, prompt, req, max_tokens, top)
+            return await real(client, prompt, req, max_tokens, top, field)
         tokens = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
         logprobs = (await client.compute_logprobs(types.ModelInput.from_ints(prompt + tokens)))[len(prompt):]
         return types.SampleResponse(sequences=[

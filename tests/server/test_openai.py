@@ -361,7 +361,8 @@ BAD_REQUESTS = [
     ("/completions", {"prompt": "x", "logprobs": 21}, "logprobs", "less than or equal to 20"),
     ("/completions", {"prompt": "x", "stop": ["", "y"]}, "stop", "non-empty"),
     ("/completions", {}, "prompt", "prompt is required"),
-    ("/completions", {"prompt": [300000]}, None, "outside the vocabulary"),
+    ("/completions", {"prompt": [300000]}, "prompt", "outside the vocabulary"),
+    ("/completions", {"prompt": [5] * 9000}, "prompt", "fills the model's context"),
     ("/completions", {"prompt": ["x", [1]]}, "prompt", "a list of token ids"),
     ("/completions", {"prompt": []}, "prompt", "none empty"),
     ("/completions", {"prompt": "x", "stop": 5}, "stop", "valid string or Input should be a valid list"),
@@ -399,6 +400,7 @@ def test_a_malformed_request_is_400_naming_the_field_and_the_next_request_succee
         assert refused.status_code == 400, refused.text
         error = refused.json()["error"]
         assert error["param"] == param and error["type"] == "invalid_request_error" and says in error["message"]
+        assert (error["code"] == "context_length_exceeded") == ("context" in says)  # how clients tell an overflow
         ok = http.post("/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
         assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"]
 

@@ -56,7 +56,7 @@ from starlette.exceptions import HTTPException
 from tinker import types
 
 from rlvr.client import SamplingClient
-from rlvr.errors import RlvrError
+from rlvr.errors import ContextFullError, InvalidDatumError, RlvrError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.auth import BodyTooLarge
 from rlvr.server.catalog import Catalog
@@ -166,10 +166,16 @@ def _params(req: SamplingRequest, max_tokens: int | None) -> types.SamplingParam
 
 
 async def _sample(client: SamplingClient, prompt: list[int], req: SamplingRequest, max_tokens: int | None,
-                  top: int) -> types.SampleResponse:
+                  top: int, field: str) -> types.SampleResponse:
+    """Sample ``prompt``, the request's ``field`` (``prompt`` or ``messages``) as tokens; the engine's refusals of
+    the prompt (a token outside the vocabulary, a prompt that fills the context) name that field."""
     try:
         return await client.sample(types.ModelInput.from_ints(prompt), req.n, _params(req, max_tokens),
                                    topk_sample_logprobs=top)
+    except ContextFullError as exc:
+        raise OpenAIError(400, f"{field}: {exc}", field, "context_length_exceeded") from exc
+    except InvalidDatumError as exc:
+        raise OpenAIError(400, f"{field}: {exc}", field) from exc
     except RlvrError as exc:
         raise OpenAIError(400, str(exc)) from exc
 
@@ -304,7 +310,7 @@ async def completions(req: Annotated[CompletionRequest, _parsed(CompletionReques
     tokenizer = client.get_tokenizer()
     prompts = bodies.prompts(req.prompt, tokenizer)
     top = req.logprobs or 0
-    responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top) for p in prompts))
+    responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top, "prompt") for p in prompts))
     show = TokenStrings(tokenizer, req.return_tokens_as_token_ids)
     choices = [{"index": i * req.n + j, "text": _choice_text(tokenizer, seq.tokens, req.stop),
                 "finish_reason": seq.stop_reason,
@@ -331,7 +337,7 @@ async def chat_completions(req: Annotated[ChatRequest, _parsed(ChatRequest)], mo
     tokenizer = client.get_tokenizer()
     prompt = bodies.chat_prompt(req.messages, tokenizer, req.model, req.tools)
     top = req.top_logprobs if req.logprobs else 0
-    response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top)
+    response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top, "messages")
     show = TokenStrings(tokenizer, req.return_tokens_as_token_ids)
     names = req.tool_names()
     choices = []
