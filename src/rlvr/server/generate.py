@@ -40,7 +40,7 @@ from tinker import types
 from rlvr.errors import ConfigurationError, ContextFullError, InvalidDatumError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.openai import Caller, Models, ModelsOf, TokenStrings, sampling_app
-from rlvr.server.openai_wire import MAX_TOP_LOGPROBS, OpenAIError
+from rlvr.server.openai_wire import MAX_TOP_LOGPROBS, NullMeansUnset, OpenAIError, Stops
 
 __all__ = ["MOUNT", "GenerateRequest", "generate_routes"]
 
@@ -75,10 +75,8 @@ TokenId = Annotated[pydantic.StrictInt, pydantic.Field(ge=0)]
 """A token id: an integer (not a boolean, a float or a string of digits) >= 0."""
 
 
-class GenerateSampling(pydantic.BaseModel):
+class GenerateSampling(NullMeansUnset):
     """``sampling_params``: vLLM's ``SamplingParams``, the part rlvr's sampler honours. ``null`` counts as unset."""
-
-    model_config = pydantic.ConfigDict(extra="ignore")
 
     n: int = pydantic.Field(1, ge=1)
     temperature: float = pydantic.Field(1.0, ge=0)
@@ -86,22 +84,9 @@ class GenerateSampling(pydantic.BaseModel):
     top_k: int = pydantic.Field(-1, ge=-1)
     max_tokens: int | None = pydantic.Field(None, ge=1)
     seed: int | None = pydantic.Field(None, ge=-(2**63), lt=2**63)
-    stop: str | list[str] = []
-    stop_token_ids: list[TokenId] = []
+    stop: Stops = pydantic.Field(default_factory=list)
+    stop_token_ids: list[TokenId] = pydantic.Field(default_factory=list)
     logprobs: int | None = pydantic.Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _drop_nulls(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
-
-    @pydantic.field_validator("stop")
-    @classmethod
-    def _stops(cls, stop: str | list[str]) -> list[str]:
-        stops = [stop] if isinstance(stop, str) else stop
-        if any(s == "" for s in stops):
-            raise ValueError("stop strings must be non-empty; drop the empty one")
-        return stops
 
     def params(self) -> types.SamplingParams:
         """Tinker's ``SamplingParams`` for these settings (EOS always stops: ``stop=None`` means EOS only)."""
@@ -114,20 +99,13 @@ class GenerateSampling(pydantic.BaseModel):
                                     stop=list(self.stop or self.stop_token_ids) or None)
 
 
-class GenerateRequest(pydantic.BaseModel):
+class GenerateRequest(NullMeansUnset):
     """The body of ``POST /inference/v1/generate``, as vLLM's ``GenerateRequest``."""
-
-    model_config = pydantic.ConfigDict(extra="ignore")
 
     model: str
     token_ids: list[TokenId] = pydantic.Field(min_length=1)
     sampling_params: GenerateSampling = GenerateSampling()
     request_id: str | None = None
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _drop_nulls(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 

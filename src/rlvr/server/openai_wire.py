@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from fastapi import Request
@@ -62,10 +62,30 @@ def error_body(message: str, param: str | None = None, code: str | None = None,
 
 # -- request bodies ----------------------------------------------------------------------------------------------------
 
-class SamplingRequest(pydantic.BaseModel):
-    """What both endpoints take. Fields sent as ``null`` count as not sent."""
+def _stop_list(stop: str | list[str]) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else stop
+    if any(s == "" for s in stops):
+        raise ValueError("stop strings must be non-empty; drop the empty one")
+    return stops
+
+
+Stops = Annotated[str | list[str], pydantic.AfterValidator(_stop_list)]
+"""``stop``: one string or a list of them, none empty; a list once validated."""
+
+
+class NullMeansUnset(pydantic.BaseModel):
+    """A request body whose fields sent as ``null`` count as not sent; fields it does not know are ignored."""
 
     model_config = pydantic.ConfigDict(extra="ignore")
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class SamplingRequest(NullMeansUnset):
+    """What both endpoints take. Fields sent as ``null`` count as not sent."""
 
     model: str
     n: int = pydantic.Field(1, ge=1)
@@ -73,24 +93,11 @@ class SamplingRequest(pydantic.BaseModel):
     top_p: float = pydantic.Field(1.0, gt=0, le=1)
     top_k: int = -1
     max_tokens: int | None = pydantic.Field(None, ge=1)
-    stop: str | list[str] = []
+    stop: Stops = []
     seed: int | None = pydantic.Field(None, ge=-(2**63), lt=2**63)
     stream: bool = False
     stream_options: dict[str, Any] = {}
     return_tokens_as_token_ids: bool = False
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _drop_nulls(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
-
-    @pydantic.field_validator("stop")
-    @classmethod
-    def _stops(cls, stop: str | list[str]) -> list[str]:
-        stops = [stop] if isinstance(stop, str) else stop
-        if any(s == "" for s in stops):
-            raise ValueError("stop strings must be non-empty; drop the empty one")
-        return stops
 
     @pydantic.field_validator("top_k")
     @classmethod
