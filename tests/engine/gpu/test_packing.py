@@ -1,7 +1,6 @@
-"""The GPU trainer's pieces, on the CPU: the packing plan, logprobs a chunk of tokens at a time (equal to the full
-log-softmax, values and gradients, without a tokens x vocabulary tensor for the batch), packed rows (equal to one
-forward per datum), activation checkpointing (the same gradients), and the engine on those paths (the same losses,
-logprobs and steps as its CPU path, for every loss of the table)."""
+"""The GPU trainer's pieces, on the CPU: the packing plan, packed rows (equal to one forward per datum), activation
+checkpointing (the same gradients), and the engine on those paths (the same losses, logprobs and steps as its CPU
+path, for every loss of the table). Its chunked logprobs (``train.logprobs``): tests/engine/train/test_logprobs.py."""
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.device import GpuPaths
 from rlvr.engine.gpu import packing
-from rlvr.engine.gpu.packing import PackedRow, checkpointed, packed_logprobs, plan, target_logprobs
+from rlvr.engine.gpu.packing import PackedRow, checkpointed, packed_logprobs, plan
 from rlvr.engine.models.random_models import small_config
 from rlvr.engine.models.tiny import build_tiny_model
 from rlvr.engine.train.losses import LOSSES
@@ -37,73 +36,6 @@ def test_plan_covers_every_datum_once_within_both_budgets():
         assert all(w <= 64 or row.rows == (60,) for w, row in zip(widths, batch, strict=True))
         assert len(batch) * max(widths) <= 200 or len(batch) == 1
     assert any(PackedRow((60,)) in batch for batch in batches)  # the long datum: a row of its own
-
-
-def _head(vocab: int, hidden: int, seed: int) -> torch.nn.Module:
-    """An output layer with a frozen base weight and a trainable LoRA-style update, as peft makes lm_head."""
-    g = torch.Generator().manual_seed(seed)
-    base = torch.nn.Linear(hidden, vocab, bias=False).requires_grad_(False)
-    base.weight.copy_(torch.randn(vocab, hidden, generator=g))
-    low = torch.nn.Parameter(torch.randn(4, hidden, generator=g) * 0.1)
-    up = torch.nn.Parameter(torch.randn(vocab, 4, generator=g) * 0.1)
-
-    class Head(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.base, self.low, self.up = base, low, up
-
-        def forward(self, x):
-            return self.base(x) + (x @ self.low.t()) @ self.up.t()
-
-    return Head()
-
-
-@pytest.mark.parametrize("chunk", [1, 7, 50, 1000])
-@pytest.mark.parametrize("k", [None, 3])  # one target a row, or three (top-K distillation; a repeat among them)
-def test_chunked_logprobs_equal_the_full_log_softmax_values_and_gradients(chunk, k):
-    g = torch.Generator().manual_seed(1)
-    head = _head(vocab=301, hidden=24, seed=2)
-    hidden = torch.randn(50, 24, generator=g, requires_grad=True)
-    shape = (50,) if k is None else (50, k)
-    targets = torch.randint(0, 301, shape, generator=g)
-    if k is not None:
-        targets[:, 2] = targets[:, 0]
-    weights = torch.randn(shape, generator=g)
-
-    rows = torch.arange(50) if k is None else torch.arange(50)[:, None]
-    full = torch.log_softmax(head(hidden), -1)[rows, targets]  # the definition
-    (weights * full).sum().backward()
-    want = [hidden.grad.clone(), head.low.grad.clone(), head.up.grad.clone()]
-    for t in (hidden, head.low, head.up):
-        t.grad = None
-
-    got = target_logprobs(hidden, head, targets, chunk)
-    torch.testing.assert_close(got, full.detach(), atol=1e-5, rtol=1e-5)
-    (weights * got).sum().backward()
-    for grad, expected in zip([hidden.grad, head.low.grad, head.up.grad], want, strict=True):
-        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
-
-
-def test_chunked_logprobs_keep_no_tokens_by_vocabulary_tensor():
-    # What autograd keeps for the backward pass: with chunks, the inputs (N x hidden), never logits; the full
-    # computation keeps N x vocabulary floats (the control: this check sees them).
-    head = _head(vocab=1000, hidden=16, seed=3)
-    hidden = torch.randn(64, 16, requires_grad=True)
-    targets = torch.randint(0, 1000, (64,))
-
-    def largest_saved(fn) -> int:
-        sizes = [0]
-
-        def pack(t):
-            sizes.append(t.numel())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn()
-        return max(sizes)
-
-    assert largest_saved(lambda: target_logprobs(hidden, head, targets, 16)) < 16 * 1000
-    assert largest_saved(lambda: torch.log_softmax(head(hidden), -1)[torch.arange(64), targets]) >= 64 * 1000
 
 
 def _lora(base: torch.nn.Module, seed: int) -> torch.nn.Module:

@@ -1,7 +1,30 @@
+"""Logprobs of target tokens a chunk of rows at a time (``train.logprobs.target_logprobs``): equal to the full
+log-softmax in values and gradients, for an output layer with a LoRA-style update (recomputed in the backward pass)
+and for a frozen one (its own backward), without keeping a tokens x vocabulary tensor for the backward pass."""
+
 import pytest
 import torch
 
 from rlvr.engine.train.logprobs import target_logprobs
+
+
+def _lora_head(vocab: int, hidden: int, seed: int) -> torch.nn.Module:
+    """An output layer with a frozen base weight and a trainable LoRA-style update, as peft makes lm_head."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.nn.Linear(hidden, vocab, bias=False).requires_grad_(False)
+    base.weight.copy_(torch.randn(vocab, hidden, generator=g))
+    low = torch.nn.Parameter(torch.randn(4, hidden, generator=g) * 0.1)
+    up = torch.nn.Parameter(torch.randn(vocab, 4, generator=g) * 0.1)
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base, self.low, self.up = base, low, up
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.low.t()) @ self.up.t()
+
+    return Head()
 
 
 def _frozen_head(vocab: int, hidden: int, bias: bool) -> torch.nn.Linear:
@@ -11,18 +34,74 @@ def _frozen_head(vocab: int, hidden: int, bias: bool) -> torch.nn.Linear:
     return head
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 50, 1000])
-@pytest.mark.parametrize("k", [None, 3])  # one target a row, or three (top-K distillation; a repeat among them)
-@pytest.mark.parametrize("bias", [False, True])
-def test_a_frozen_heads_logprobs_and_hidden_gradient_are_the_log_softmax_by_hand(chunk, k, bias):
+def _inputs(k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """50 hidden states (H = 24), their targets in a 301-token vocabulary ((50,), or (50, k) with a repeat) and a
+    weight per target."""
     g = torch.Generator().manual_seed(1)
-    head = _frozen_head(vocab=301, hidden=24, bias=bias)
     hidden = torch.randn(50, 24, generator=g, requires_grad=True)
     shape = (50,) if k is None else (50, k)
     targets = torch.randint(0, 301, shape, generator=g)
     if k is not None:
         targets[:, 2] = targets[:, 0]
-    weights = torch.randn(shape, generator=g)
+    return hidden, targets, torch.randn(shape, generator=g)
+
+
+def _largest_saved(fn, ignore: torch.Tensor | None = None) -> int:
+    """The most elements of one tensor autograd keeps for the backward pass while ``fn`` runs (``ignore`` left out)."""
+    sizes = [0]
+
+    def pack(t):
+        if t is not ignore:
+            sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return max(sizes)
+
+
+CHUNKS = pytest.mark.parametrize("chunk", [1, 7, 50, 1000])
+TARGETS = pytest.mark.parametrize("k", [None, 3])  # one target a row, or three (top-K; a repeat among them)
+
+
+@CHUNKS
+@TARGETS
+def test_chunked_logprobs_equal_the_full_log_softmax_values_and_gradients(chunk, k):
+    head = _lora_head(vocab=301, hidden=24, seed=2)
+    hidden, targets, weights = _inputs(k)
+
+    rows = torch.arange(50) if k is None else torch.arange(50)[:, None]
+    full = torch.log_softmax(head(hidden), -1)[rows, targets]  # the definition
+    (weights * full).sum().backward()
+    want = [hidden.grad.clone(), head.low.grad.clone(), head.up.grad.clone()]
+    for t in (hidden, head.low, head.up):
+        t.grad = None
+
+    got = target_logprobs(hidden, head, targets, chunk)
+    torch.testing.assert_close(got, full.detach(), atol=1e-5, rtol=1e-5)
+    (weights * got).sum().backward()
+    for grad, expected in zip([hidden.grad, head.low.grad, head.up.grad], want, strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_chunked_logprobs_keep_no_tokens_by_vocabulary_tensor():
+    # What autograd keeps for the backward pass: with chunks, the inputs (N x hidden), never logits; the full
+    # computation keeps N x vocabulary floats (the control: this check sees them).
+    head = _lora_head(vocab=1000, hidden=16, seed=3)
+    hidden = torch.randn(64, 16, requires_grad=True)
+    targets = torch.randint(0, 1000, (64,))
+
+    assert _largest_saved(lambda: target_logprobs(hidden, head, targets, 16)) < 16 * 1000
+    assert _largest_saved(lambda: torch.log_softmax(head(hidden), -1)[torch.arange(64), targets]) >= 64 * 1000
+
+
+@CHUNKS
+@TARGETS
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_frozen_heads_logprobs_and_hidden_gradient_are_the_log_softmax_by_hand(chunk, k, bias):
+    head = _frozen_head(vocab=301, hidden=24, bias=bias)
+    hidden, targets, weights = _inputs(k)
+    shape = targets.shape
 
     # By hand: log p_t = z_t - log sum_v exp z_v, z = W h + b; d log p_t / d h = W_t - sum_v p_v W_v.
     z = hidden.detach() @ head.weight.T + (head.bias if bias else 0)  # (50, V)
@@ -43,13 +122,4 @@ def test_a_frozen_head_keeps_one_hidden_sized_row_per_token_for_the_backward():
     head = _frozen_head(vocab=1000, hidden=16, bias=False)
     hidden = torch.randn(64, 16, requires_grad=True)
     targets = torch.randint(0, 1000, (64,))
-    sizes = [0]
-
-    def pack(t):
-        if t is not head.weight:
-            sizes.append(t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        target_logprobs(hidden, head, targets, 16)
-    assert max(sizes) <= 64 * 16
+    assert _largest_saved(lambda: target_logprobs(hidden, head, targets, 16), ignore=head.weight) <= 64 * 16
