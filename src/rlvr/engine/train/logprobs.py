@@ -52,15 +52,14 @@ class _FrozenHeadLogprobs(torch.autograd.Function):
     def forward(ctx: torch.autograd.function.FunctionCtx, hidden: torch.Tensor, head: torch.nn.Linear,
                 targets: torch.Tensor, chunk: int) -> torch.Tensor:
         values, expected = [], []
-        with torch.no_grad():
-            for start in range(0, hidden.shape[0], chunk):
-                logits = head(hidden[start:start + chunk]).float()  # (n, V), worked on in place from here
-                logits.sub_(logits.amax(-1, keepdim=True))
-                picked = logits.gather(-1, targets[start:start + chunk])  # (n, K)
-                total = logits.exp_().sum(-1, keepdim=True)  # (n, 1)
-                values.append(picked - total.log())
-                probs = logits.div_(total).to(head.weight.dtype)  # softmax (n, V)
-                expected.append(probs @ head.weight)  # (n, H): E
+        for start in range(0, hidden.shape[0], chunk):
+            logits = head(hidden[start:start + chunk]).float()  # (n, V), worked on in place from here
+            logits.sub_(logits.amax(-1, keepdim=True))
+            picked = logits.gather(-1, targets[start:start + chunk])  # (n, K)
+            total = logits.exp_().sum(-1, keepdim=True)  # (n, 1)
+            values.append(picked - total.log())
+            probs = logits.div_(total).to(head.weight.dtype)  # softmax (n, V)
+            expected.append(probs @ head.weight)  # (n, H): E
         ctx.save_for_backward(head.weight, targets, torch.cat(expected))
         return torch.cat(values)
 
