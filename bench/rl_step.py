@@ -38,7 +38,9 @@ Matched exactly:
   - optimizer: AdamW, lr 2e-4 constant (TRL ``lr_scheduler_type="constant"``, no warm-up), betas (0.9, 0.95),
     eps 1e-12, weight decay 0, no gradient clipping (tinker's ``AdamParams`` defaults; TRL ``max_grad_norm=0``);
   - precision float32 on the CPU (TRL ``bf16=False``, ``use_cpu=True``), no gradient checkpointing (TRL's default
-    is on; rlvr has none), dropout off.
+    is on; rlvr has none), dropout off. ``--precision bfloat16``: rlvr's base weights multiply in bfloat16 (its LoRA
+    and optimizer state stay float32); TRL loads the model in bfloat16 and trains with ``bf16=True`` (peft keeps the
+    adapter in float32), as its documentation sets up a bfloat16 run.
 
 Not matched exactly:
   - loss normalisation: rlvr's losses are Tinker's per-token *sums*; TRL's closest, ``dr_grpo``, divides the same
@@ -127,6 +129,8 @@ class Settings:
     """Problem order, LoRA initialisation and sampling seeds."""
     model: str = "smollm2-135m"
     """The model (``bench.common.bench_model``): the embedded one, or a published shape with random weights."""
+    precision: str = "float32"
+    """The base weights' precision in both systems: float32, or bfloat16 (where this CPU multiplies it)."""
     reward: str = "math_correct"
     """``math_correct``; or ``alternating`` (every other answer the scoring process sees earns 1), for random
     weights: their answers are never correct (and decode to almost nothing), so every group would have equal
@@ -230,7 +234,7 @@ def run_rlvr(settings: Settings, out: Path, profile: bool) -> dict[str, Any]:
         problems_per_step=settings.problems_per_step, group_size=settings.group_size, loss_fn="ppo",
         loss_fn_config={"clip_low_threshold": 1 - settings.clip, "clip_high_threshold": 1 + settings.clip},
         learning_rate=settings.learning_rate, max_tokens=settings.max_tokens, temperature=settings.temperature,
-        eval_problems=LOOP_EVAL_PROBLEMS, seed=settings.seed, out=str(out / "run"))
+        eval_problems=LOOP_EVAL_PROBLEMS, seed=settings.seed, precision=settings.precision, out=str(out / "run"))
     steps: list[dict[str, float]] = []
 
     def progress(step: int, metrics: dict[str, float]) -> None:
@@ -282,7 +286,8 @@ def trl_trainer(settings: Settings, out: Path, callbacks: list[Any]) -> Any:
     problems = training_problems(source, settings)
     folder = bench_model(settings.model)[1]
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    bf16 = settings.precision == "bfloat16"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16 if bf16 else torch.float32)
     lora = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0, bias="none",
                       target_modules=TARGET_MODULES)
     torch.manual_seed(settings.seed)  # as rlvr draws its adapter: the same A matrices
@@ -300,7 +305,7 @@ def trl_trainer(settings: Settings, out: Path, callbacks: list[Any]) -> Any:
         use_vllm=False, beta=0.0, epsilon=settings.clip, loss_type="dr_grpo", scale_rewards="none",
         mask_truncated_completions=False, learning_rate=settings.learning_rate, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-12, max_grad_norm=0.0,
-        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, disable_dropout=True,
+        bf16=bf16, fp16=False, use_cpu=True, gradient_checkpointing=False, disable_dropout=True,
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=callbacks)
@@ -550,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reward", choices=["math_correct", "alternating"], default="math_correct",
                         help="alternating: every other answer earns 1, so that random weights (never correct) still "
                         "give every group mixed rewards and both systems train every datum")
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
+                        help="base weights' precision in both systems (bfloat16 needs a CPU that multiplies it)")
     parser.add_argument("--seeds", type=seed_list, default=[0], metavar="S[,S...]",
                         help="problem order, LoRA init and sampling seeds, a run pair (or --repeats pairs) on each "
                         "(default 0); accuracy after a few steps varies with the seed, so compare over several")
@@ -576,11 +583,12 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds = [args.seed] if args.seed is not None else args.seeds
     settings = Settings(steps=args.steps, eval_problems=args.eval_problems, max_tokens=args.max_tokens, seed=seeds[0],
-                        model=args.model, reward=args.reward)
+                        model=args.model, reward=args.reward, precision=args.precision)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlvr-bench-rl-step-"))
     load = {"before": load_average()}
     print(f"{settings.steps} steps x {settings.problems_per_step} prompts x {settings.group_size} completions, "
-          f"{settings.max_tokens} new tokens, LoRA r{settings.rank}, lr {settings.learning_rate}, reward "
+          f"{settings.max_tokens} new tokens, LoRA r{settings.rank}, lr {settings.learning_rate}, "
+          f"{settings.precision}, reward "
           f"{settings.reward}; {args.repeats} "
           f"alternating pair(s) on seed(s) {', '.join(map(str, seeds))}; load average {load['before']} on "
           f"{os.cpu_count()} CPUs", flush=True)

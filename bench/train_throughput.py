@@ -1,7 +1,9 @@
 """Training throughput: rlvr's ``TrainingClient.forward_backward`` against a plain PyTorch + peft loop.
 
 Both train a LoRA (rank 16 or ``--rank``, alpha 32, on q/k/v/o, gate/up/down and lm_head: rlvr's default targets)
-on ``smollm2-135m`` (or ``--model``: a published shape with random weights, e.g. ``qwen2.5-0.5b``) in float32, from
+on ``smollm2-135m`` (or ``--model``: a published shape with random weights, e.g. ``qwen2.5-0.5b``) in float32 (or
+``--precision bfloat16``: rlvr's frozen base matmuls in bfloat16; the baseline's model loaded in bfloat16 under
+``torch.autocast``, peft's adapter in float32; losses then agree to 5e-2, not 1e-3), from
 the same initial weights (A drawn from ``torch.manual_seed(seed)`` in peft's module order, B = 0), over the same
 batches with the same loss: PPO's clipped surrogate summed over tokens (rlvr's ``ppo``, clip 0.8/1.2), written out
 by hand in the baseline the way a researcher would (logits -> log_softmax -> gather ->
@@ -119,12 +121,14 @@ def sampler_logprobs(client: Any, batch: list[dict[str, Any]]) -> list[list[floa
 
 # -- the plain PyTorch + peft baseline ----------------------------------------------------------------------------
 
-def baseline_model(folder: str, targets: list[str], rank: int) -> tuple[Any, torch.optim.Optimizer]:
-    """The model from the same folder, a peft LoRA drawn from the same seed, and a plain AdamW."""
+def baseline_model(folder: str, targets: list[str], rank: int,
+                   dtype: torch.dtype = torch.float32) -> tuple[Any, torch.optim.Optimizer]:
+    """The model from the same folder in ``dtype``, a peft LoRA drawn from the same seed (float32: peft's default
+    casts the adapter up), and a plain AdamW."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     model.requires_grad_(False)
     torch.manual_seed(SEED)
     model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=ALPHA, lora_dropout=0.0, bias="none",
@@ -153,7 +157,9 @@ def _microbatch_loss(model: Any, rows: list[dict[str, list]], pad_id: int) -> fl
     input_ids, targets = padded("inputs", pad_id, torch.long), padded("targets", 0, torch.long)
     old, advantages = padded("logprobs", 0.0, torch.float32), padded("advantages", 0.0, torch.float32)
     attention_mask = torch.tensor([[1] * len(r["inputs"]) + [0] * (width - len(r["inputs"])) for r in rows])
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
+    bf16 = model.get_input_embeddings().weight.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()  # (B, T, V)
     new = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
     ratio = torch.exp(new - old)
     objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1 - CLIP, 1 + CLIP) * advantages)
@@ -165,15 +171,17 @@ def _microbatch_loss(model: Any, rows: list[dict[str, list]], pad_id: int) -> fl
 # -- measuring ----------------------------------------------------------------------------------------------------
 
 def measure(model_name: str, rank: int, batches: int, batch_size: int, max_tokens: int, warmup: int,
-            baseline_microbatch: int) -> dict[str, Any]:
+            baseline_microbatch: int, precision: str = "float32") -> dict[str, Any]:
     import rlvr
     from rlvr import types
 
     base_model, folder = bench_model(model_name)
-    client = rlvr.ServiceClient().create_lora_training_client(base_model=base_model, rank=rank, seed=SEED)
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    client = rlvr.ServiceClient(precision=precision).create_lora_training_client(base_model=base_model, rank=rank,
+                                                                                  seed=SEED)
     tokenizer = client.get_tokenizer()
     targets = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in client.parameters()})
-    model, optimizer = baseline_model(folder, targets, rank)
+    model, optimizer = baseline_model(folder, targets, rank, dtype)
     adam = types.AdamParams(learning_rate=LEARNING_RATE)  # betas (0.9, 0.95), eps 1e-12, no decay or clipping
     all_batches = make_batches(tokenizer, warmup + batches, batch_size, max_tokens)
     rows: list[dict[str, float]] = []
@@ -214,7 +222,7 @@ def measure(model_name: str, rank: int, batches: int, batch_size: int, max_token
     tokens = sum(r["tokens"] for r in counted)
     ours = tokens / sum(r["rlvr_s"] for r in counted)
     theirs = tokens / sum(r["baseline_s"] for r in counted)
-    bound = matmul_flops() / (4 * linear_shape(folder)["linear_params"])
+    bound = matmul_flops(dtype) / (4 * linear_shape(folder)["linear_params"])
     return {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs, "ratio": ours / theirs,
             "bound_tokens_per_s": bound, "fraction_of_bound": ours / bound,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -234,14 +242,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-microbatch", type=positive_int, default=GROUP,
                         help=f"sequences per forward in the plain loop, gradients accumulated (default {GROUP}: a "
                         "group; a whole batch's full-vocabulary logits of a real shape do not fit in memory)")
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
+                        help="the frozen base matmuls' precision in both (bfloat16 needs a CPU that multiplies it)")
     parser.add_argument("--json", metavar="PATH", help="write the figures to this JSON file")
     args = parser.parse_args(argv)
     load_before = load_average()
-    print(f"{args.model}, LoRA r{args.rank}, ppo loss; {args.batches} batches of {args.batch_size} sequences "
-          f"(+{args.warmup} warm-up), completions up to {args.max_tokens} tokens; {torch.get_num_threads()} threads, "
-          f"load average {load_before}", flush=True)
+    print(f"{args.model}, {args.precision}, LoRA r{args.rank}, ppo loss; {args.batches} batches of "
+          f"{args.batch_size} sequences (+{args.warmup} warm-up), completions up to {args.max_tokens} tokens; "
+          f"{torch.get_num_threads()} threads, load average {load_before}", flush=True)
     result = measure(args.model, args.rank, args.batches, args.batch_size, args.max_tokens, args.warmup,
-                     args.baseline_microbatch)
+                     args.baseline_microbatch, args.precision)
     print(f"forward_backward tokens/s: rlvr {result['rlvr_tokens_per_s']:.0f} ({result['fraction_of_bound']:.2f} of "
           f"the bound {result['bound_tokens_per_s']:.0f}), plain torch+peft "
           f"{result['baseline_tokens_per_s']:.0f}, ratio {result['ratio']:.2f}x; peak memory (both, one process) "
@@ -255,8 +265,10 @@ def main(argv: list[str] | None = None) -> int:
                                             "batch_size": args.batch_size, "max_tokens": args.max_tokens,
                                             "warmup": args.warmup, "rank": args.rank,
                                             "baseline_microbatch": args.baseline_microbatch,
+                                            "precision": args.precision,
                                             "loss": "ppo"}, **result})
-    if result["max_loss_gap"] > 1e-3:
+    tolerance = 5e-2 if args.precision == "bfloat16" else 1e-3
+    if result["max_loss_gap"] > tolerance:
         print(f"error: rlvr's and the baseline's losses differ by up to {result['max_loss_gap']:.2e} (relative) on the "
               "same batch: they are not computing the same thing", file=sys.stderr)
         return 1

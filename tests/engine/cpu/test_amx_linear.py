@@ -35,6 +35,7 @@ def by_hand(a: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 @pytest.mark.parametrize(("rows", "inputs", "outputs"), [
     (1, 40, 20),  # everything padded: one row, a part step, a part block
+    (16, 64, 96),  # one row tile (the kernel's form for 16 rows or fewer)
     (31, 96, 32),
     (32, 100, 50),  # exactly one row group; inputs and columns not filling a step or a pair
     (33, 64, 96),  # one row past a group
@@ -52,6 +53,17 @@ def test_products_equal_three_bfloat16_products_by_hand(kernel, rows, inputs, ou
     # and they are the product to ~16 bits (bfloat16 alone: ~1e-3; without the low parts this fails)
     exact = x.double() @ weight.double().T
     assert ((out.double() - exact).abs() / scale).max() < 4e-6
+
+
+def test_a_rows_products_do_not_depend_on_the_rows_beside_it(kernel):
+    # A row's result, bit for bit, alone, among 16 (one row tile) or among 40 (two groups of two tiles): what lets a
+    # seeded request decode to the same tokens whatever is batched beside it.
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 200, generator=generator)
+    packed = amx_linear.pack(torch.randn(96, 200, generator=generator) * 0.05)
+    every = amx_linear.linear(kernel, x, packed, 96)
+    for rows in (1, 5, 16, 17, 33):
+        assert torch.equal(amx_linear.linear(kernel, x[:rows], packed, 96), every[:rows]), rows
 
 
 def test_rmsnorm_and_gated_inputs(kernel):

@@ -13,7 +13,9 @@
    each 16 rows of input pairs x 16 columns x 2 (AMX's bfloat16 B layout); a block's tiles are consecutive. The
    blocks come in pairs and each thread takes a run of pairs: for 32 rows of a at a time it multiplies a pair
    with four accumulator tiles (2 row tiles x 2 blocks), issuing each product type to all four in turn so that
-   no product waits on the one before it. A pair's weights are read from memory once (the second 32 rows find
+   no product waits on the one before it. With 16 rows or fewer (a decode step of a few sequences) it multiplies
+   one row tile with two accumulators, half the products, in the same order for each row, so a row's result does
+   not depend on how many rows are beside it. A pair's weights are read from memory once (the second 32 rows find
    them in L2), and while a pair computes, the next one is prefetched into L2. */
 
 #include <immintrin.h>
@@ -105,8 +107,17 @@ static void split(const float *x, int64_t x_stride, const float *norm, float eps
         _tile_dpbf16ps(3, 5, 7); \
     } while (0)
 
+/* The same for at most 16 rows of a: one row tile, accumulators 0 and 1 (a row's sums are the same as in the
+   32-row form, term for term, so a row's result does not depend on the rows beside it). */
+#define HALF_PRODUCTS()          \
+    do {                         \
+        _tile_dpbf16ps(0, 4, 6); \
+        _tile_dpbf16ps(1, 4, 7); \
+    } while (0)
+
 /* One pair of blocks (w0, w1) against 32 rows of a (ah, al): out[0:rows, 0:columns] of the pair's 32 columns.
-   `next` (bytes of the next pair, or NULL) is prefetched into L2 in even shares over the steps. */
+   `next` (bytes of the next pair, or NULL) is prefetched into L2 in even shares over the steps. With 16 rows or
+   fewer, the second row tile is neither loaded nor multiplied. */
 static void block_pair(const uint16_t *w0, const uint16_t *w1, const char *next, int64_t next_bytes, int steps,
                        const uint16_t *ah, const uint16_t *al, int k_padded, float *out, int64_t out_stride,
                        int rows, int columns) {
@@ -114,6 +125,36 @@ static void block_pair(const uint16_t *w0, const uint16_t *w1, const char *next,
     const int64_t share = (next_bytes / steps + 63) / 64 * 64;
     _tile_zero(0);
     _tile_zero(1);
+    if (rows <= ROWS) {
+        for (int s = 0; s < steps; s++) {
+            const uint16_t *h0 = w0 + (int64_t)s * 2 * TILE, *h1 = w1 + (int64_t)s * 2 * TILE;
+            if (next)
+                for (int64_t line = s * share; line < (s + 1) * share && line < next_bytes; line += 64)
+                    _mm_prefetch(next + line, _MM_HINT_T1);
+            const int64_t a = (int64_t)s * STEP;
+            _tile_loadd(4, ah + a, a_stride);
+            _tile_loadd(6, h0, 64);
+            _tile_loadd(7, h1, 64);
+            HALF_PRODUCTS(); /* ah Wh */
+            _tile_loadd(6, h0 + TILE, 64);
+            _tile_loadd(7, h1 + TILE, 64);
+            HALF_PRODUCTS(); /* ah Wl */
+            _tile_loadd(4, al + a, a_stride);
+            _tile_loadd(6, h0, 64);
+            _tile_loadd(7, h1, 64);
+            HALF_PRODUCTS(); /* al Wh */
+        }
+        float result[2][ROWS * COLUMNS];
+        _tile_stored(0, result[0], 64);
+        _tile_stored(1, result[1], 64);
+        for (int t = 0; t < 2; t++) {
+            int width = columns - t * COLUMNS < COLUMNS ? columns - t * COLUMNS : COLUMNS;
+            if (width > 0)
+                for (int r = 0; r < rows; r++)
+                    memcpy(out + r * out_stride + t * COLUMNS, result[t] + r * COLUMNS, (size_t)width * 4);
+        }
+        return;
+    }
     _tile_zero(2);
     _tile_zero(3);
     for (int s = 0; s < steps; s++) {
