@@ -348,3 +348,27 @@ def test_the_exported_lora_alpha_is_the_adapters(service):
     tc = service.create_lora_training_client(base_model="tiny", rank=4, seed=0)
     trainer = tc._trainer
     assert trainer.host.peft_config(trainer.adapter).lora_alpha == client.LORA_ALPHA == 32
+
+
+def test_a_runs_precision_is_the_one_asked_for_else_the_models_default_on_this_cpu(tmp_path, monkeypatch):
+    from rlvr.engine.cpu import packed
+    from rlvr.engine.models.load import linear_parameters
+    from rlvr.engine.models.random_models import real_config
+
+    folder = tmp_path / "qwen2.5-0.5b"
+    real_config("qwen2.5-0.5b").save_pretrained(folder)  # its config alone: the size is read, nothing loads
+    # 24 layers x (896 x (2 x 896 + 2 x 128) for q, k, v, o + 3 x 896 x 4864 for the MLP) + 151,936 x 896
+    assert linear_parameters(str(folder)) == 24 * (896 * (2 * 896 + 2 * 128) + 3 * 896 * 4864) + 151_936 * 896
+    assert linear_parameters("tiny") == 0
+    assert linear_parameters(str(tmp_path)) is None  # no config.json there
+    monkeypatch.delenv("RLVR_PRECISION", raising=False)
+    monkeypatch.setenv("RLVR_DEVICE", "cpu")
+    monkeypatch.setattr(packed, "native_bfloat16", lambda: True)
+    assert client.run_precision(None, str(folder)) == "bfloat16"
+    assert client.run_precision(None, "tiny") == "float32"
+    assert client.run_precision("float32", str(folder)) == "float32"  # asked for: always wins
+    monkeypatch.setenv("RLVR_PRECISION", "float32")
+    assert client.run_precision(None, str(folder)) == "float32"
+    monkeypatch.delenv("RLVR_PRECISION")
+    monkeypatch.setattr(packed, "native_bfloat16", lambda: False)
+    assert client.run_precision(None, str(folder)) == "float32"  # a CPU that would only emulate it

@@ -34,3 +34,15 @@ def test_choosing_a_precision_does_not_load_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": src})
     assert out.stdout.strip() == "False"
+
+
+def test_a_run_takes_bfloat16_only_for_a_large_model_on_a_cpu_that_multiplies_it():
+    from rlvr.precision import AUTO_BFLOAT16_PARAMS, run_default_precision
+
+    qwen = 493_961_216  # Qwen2.5-0.5B's linear weights (see test_client); SmolLM2-135M has 134.5M
+    assert AUTO_BFLOAT16_PARAMS == 300_000_000
+    assert run_default_precision(qwen, native_bfloat16=True) == "bfloat16"
+    assert run_default_precision(qwen, native_bfloat16=False) == "float32"
+    assert run_default_precision(134_515_008, native_bfloat16=True) == "float32"
+    assert run_default_precision(AUTO_BFLOAT16_PARAMS, native_bfloat16=True) == "bfloat16"
+    assert run_default_precision(None, native_bfloat16=True) == "float32"  # a size nobody could read

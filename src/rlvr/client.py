@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -40,9 +41,9 @@ from rlvr.engine.sample.scores import ScoreRequest
 from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.engine.train.optim import check_params_for, config_of, kind_of, kind_of_config
 from rlvr.errors import ConfigurationError
-from rlvr.precision import base_precision
+from rlvr.precision import base_precision, run_default_precision
 
-__all__ = ["LORA_ALPHA", "SamplingClient", "ServiceClient", "TrainingClient"]
+__all__ = ["LORA_ALPHA", "SamplingClient", "ServiceClient", "TrainingClient", "run_precision"]
 
 
 def _async_of(method: Callable[..., Any], awaited: bool = False) -> Callable[..., Any]:
@@ -345,6 +346,19 @@ class SamplingClient(_SelfFuture):
         return self._handle.host.base.name
 
     get_base_model_async = _async_of(get_base_model)
+
+
+def run_precision(precision: str | None, base_model: str) -> str:
+    """What a training run on ``base_model`` multiplies its frozen weights in: ``precision``, else
+    ``$RLVR_PRECISION``, else on the CPU ``rlvr.precision.run_default_precision`` (bfloat16 for a model of 300M+
+    linear weights where the CPU multiplies bfloat16 in hardware, float32 otherwise), else float32. Read from the
+    model's config alone, before anything loads; the run records the answer, and a resume keeps it."""
+    if precision or os.environ.get("RLVR_PRECISION") or resolve_device(None).type != "cpu":
+        return base_precision(precision)
+    from rlvr.engine.cpu.packed import native_bfloat16
+    from rlvr.engine.models.load import linear_parameters
+
+    return run_default_precision(linear_parameters(base_model), native_bfloat16())
 
 
 def _engine(engine: Engine | None, precision: str | None, device: str | torch.device | None = None) -> Engine:

@@ -140,6 +140,25 @@ train(config(Path({str(tmp_path)!r}), steps=3, save_every=1), SayA())
     assert resumed["after"]["test/reward/scored:sum"] == 4
 
 
+def test_a_run_with_no_precision_set_takes_its_models_default_and_a_resume_keeps_the_recorded_one(tmp_path,
+                                                                                                 monkeypatch):
+    from rlvr import precision
+    from rlvr.engine.cpu import packed
+    from rlvr.rl.config import save_config
+    from rlvr.rl.phases import _precision
+
+    monkeypatch.delenv("RLVR_PRECISION", raising=False)
+    monkeypatch.setenv("RLVR_DEVICE", "cpu")
+    monkeypatch.setattr(packed, "native_bfloat16", lambda: True)
+    assert _precision(config(tmp_path), tmp_path / "run") == "float32"  # tiny is small
+    monkeypatch.setattr(precision, "AUTO_BFLOAT16_PARAMS", 0)  # every model counts as large
+    assert _precision(config(tmp_path), tmp_path / "run") == "bfloat16"
+    assert _precision(config(tmp_path, precision="float32"), tmp_path / "run") == "float32"
+    (tmp_path / "run").mkdir()
+    save_config(config(tmp_path, precision="float32"), tmp_path / "run" / "config.yaml")
+    assert _precision(config(tmp_path, resume=True), tmp_path / "run") == "float32"  # what the run recorded
+
+
 def test_a_run_records_its_precision_and_a_resume_keeps_it(tmp_path):
     from rlvr.engine import Engine
 

@@ -78,7 +78,9 @@ class LoopConfig:
     precision: str | None = None
     """What the frozen base-model matmuls run in, trainer and sampler alike: ``float32`` or ``bfloat16`` (faster
     where the CPU multiplies bfloat16, e.g. AMX; sampler and trainer then agree to bfloat16 rounding only). None:
-    ``$RLVR_PRECISION``, else float32. The run folder's config records the precision used; a resume keeps it."""
+    ``$RLVR_PRECISION``, else bfloat16 for a model of 300M+ linear weights on a CPU that multiplies bfloat16 in
+    hardware (AMX, AVX512-BF16), else float32. The run folder's config records the precision used; a resume keeps
+    it."""
     # Batch
     steps: int = 20
     """Training steps in all (a resumed run continues up to this)."""

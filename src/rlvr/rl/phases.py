@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from rlvr import types
-from rlvr.client import ServiceClient
+from rlvr.client import ServiceClient, run_precision
 from rlvr.errors import ConfigurationError, RunInterrupted, SamplingError
 from rlvr.metrics import reduce_metrics
-from rlvr.precision import base_precision
 from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.auxiliary import AuxiliaryOutputs
@@ -361,10 +360,11 @@ def _training_metrics(work: StepWork) -> dict[str, float]:
 
 def _precision(config: LoopConfig, run_dir: Path) -> str:
     """What the run's frozen matmuls run in (recorded in its config.yaml): ``config.precision``, else on a resume
-    the precision the run recorded, else ``$RLVR_PRECISION`` or float32. Resuming in another precision than the
+    the precision the run recorded, else ``$RLVR_PRECISION``, else the model's default on this machine
+    (``rlvr.client.run_precision``). Resuming in another precision than the
     run's would change its arithmetic half-way: an error."""
     recorded = recorded_precision(run_dir) if config.resume else None
-    precision = base_precision(config.precision or recorded)
+    precision = run_precision(config.precision or recorded, config.base_model)
     if recorded and precision != recorded:
         raise ConfigurationError(f"{run_dir} trained with precision={recorded}; resuming it with precision="
                                  f"{precision} would change its arithmetic half-way: set precision={recorded} (or "

@@ -51,7 +51,10 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
-        save_config(dataclasses.replace(config, precision=base_precision(config.precision)), run_dir / "config.yaml")
+        from rlvr.client import run_precision
+
+        config = dataclasses.replace(config, precision=run_precision(config.precision, config.base_model))
+        save_config(config, run_dir / "config.yaml")
     console = console or make_console()
     with running(run_dir, console, lambda: _where_stopped(config, run_dir)) as stop:
         return _train(config, source, run_dir, console, stop)

@@ -83,6 +83,14 @@ def bfloat16_supported() -> bool:
     return "mkldnn" in pack_kinds() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512-BF16) and oneDNN's bfloat16 matmul runs
+    here: where ``precision="bfloat16"`` is several times float32's rate, not an emulation of it."""
+    from rlvr.engine.cpu import native
+
+    return bool({"amx_bf16", "avx512_bf16"} & native.cpu()[1]) and bfloat16_supported()
+
+
 def pack_kinds() -> list[str]:
     """The prepacked matmuls this machine offers: oneDNN's (any row count) and MKL's (one row count) where torch has
     them, rlvr's FMA kernel (``fma_linear``: float32, any row count) and its AMX kernel (``amx_linear``: three

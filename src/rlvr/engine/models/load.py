@@ -113,6 +113,24 @@ def model_folder(base_model: str) -> str:
     return name
 
 
+def linear_parameters(base_model: str) -> int | None:
+    """Weights in ``base_model``'s linear layers, the output layer included (the multiply-adds a token costs), from
+    its config alone: no weights are loaded. 0 for ``tiny``; None where no config can be read (a hub id offline)."""
+    name = canonical_name(base_model)
+    if name == "tiny":
+        return 0
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_folder(name))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+        per_layer = config.hidden_size * (2 * q + 2 * kv) + 3 * config.hidden_size * config.intermediate_size
+        return config.num_hidden_layers * per_layer + config.vocab_size * config.hidden_size
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
 def _load_folder(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from transformers.utils import logging as hf_logging
 
