@@ -364,6 +364,9 @@ def test_a_runs_precision_is_the_one_asked_for_else_the_models_default_on_this_c
     monkeypatch.delenv("RLVR_PRECISION", raising=False)
     monkeypatch.setenv("RLVR_DEVICE", "cpu")
     monkeypatch.setattr(packed, "native_bfloat16", lambda: True)
+    existing = Engine.default()  # this process's engine, in float32 (RLVR_PRECISION is unset)
+    assert client.run_precision(None, str(folder)) == existing.precision == "float32"  # one engine a process
+    monkeypatch.setattr(Engine, "_default", None)  # as in a fresh process
     assert client.run_precision(None, str(folder)) == "bfloat16"
     assert client.run_precision(None, "tiny") == "float32"
     assert client.run_precision("float32", str(folder)) == "float32"  # asked for: always wins

@@ -43,6 +43,6 @@ def test_a_run_takes_bfloat16_only_for_a_large_model_on_a_cpu_that_multiplies_it
     assert AUTO_BFLOAT16_PARAMS == 300_000_000
     assert run_default_precision(qwen, native_bfloat16=True) == "bfloat16"
     assert run_default_precision(qwen, native_bfloat16=False) == "float32"
-    assert run_default_precision(134_515_008, native_bfloat16=True) == "float32"
+    assert run_default_precision(134_479_872, native_bfloat16=True) == "float32"
     assert run_default_precision(AUTO_BFLOAT16_PARAMS, native_bfloat16=True) == "bfloat16"
     assert run_default_precision(None, native_bfloat16=True) == "float32"  # a size nobody could read

@@ -352,9 +352,12 @@ def run_precision(precision: str | None, base_model: str) -> str:
     """What a training run on ``base_model`` multiplies its frozen weights in: ``precision``, else
     ``$RLVR_PRECISION``, else on the CPU ``rlvr.precision.run_default_precision`` (bfloat16 for a model of 300M+
     linear weights where the CPU multiplies bfloat16 in hardware, float32 otherwise), else float32. Read from the
-    model's config alone, before anything loads; the run records the answer, and a resume keeps it."""
+    model's config alone, before anything loads; the run records the answer, and a resume keeps it. Where this
+    process's engine already exists (a process holds one), an unset precision is the one it multiplies in."""
     if precision or os.environ.get("RLVR_PRECISION") or resolve_device(None).type != "cpu":
         return base_precision(precision)
+    if Engine.current() is not None:
+        return Engine.current().precision
     from rlvr.engine.cpu.packed import native_bfloat16
     from rlvr.engine.models.load import linear_parameters
 

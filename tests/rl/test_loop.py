@@ -143,6 +143,7 @@ train(config(Path({str(tmp_path)!r}), steps=3, save_every=1), SayA())
 def test_a_run_with_no_precision_set_takes_its_models_default_and_a_resume_keeps_the_recorded_one(tmp_path,
                                                                                                  monkeypatch):
     from rlvr import precision
+    from rlvr.engine import Engine
     from rlvr.engine.cpu import packed
     from rlvr.rl.config import save_config
     from rlvr.rl.phases import _precision
@@ -150,6 +151,7 @@ def test_a_run_with_no_precision_set_takes_its_models_default_and_a_resume_keeps
     monkeypatch.delenv("RLVR_PRECISION", raising=False)
     monkeypatch.setenv("RLVR_DEVICE", "cpu")
     monkeypatch.setattr(packed, "native_bfloat16", lambda: True)
+    monkeypatch.setattr(Engine, "_default", None)  # as in a fresh process: no engine to follow yet
     assert _precision(config(tmp_path), tmp_path / "run") == "float32"  # tiny is small
     monkeypatch.setattr(precision, "AUTO_BFLOAT16_PARAMS", 0)  # every model counts as large
     assert _precision(config(tmp_path), tmp_path / "run") == "bfloat16"

@@ -161,6 +161,11 @@ class Engine:
                     f"or set RLVR_PRECISION={precision} before anything uses rlvr")
             return engine
 
+    @classmethod
+    def current(cls) -> Engine | None:
+        """The process-wide engine (``default``) if something in this process has created it, else None."""
+        return cls._default
+
     @property
     def max_sample_rows(self) -> int:
         """The most samples one batched decode holds (a bigger request runs alone)."""
