@@ -123,3 +123,31 @@ def test_a_frozen_head_keeps_one_hidden_sized_row_per_token_for_the_backward():
     hidden = torch.randn(64, 16, requires_grad=True)
     targets = torch.randint(0, 1000, (64,))
     assert _largest_saved(lambda: target_logprobs(hidden, head, targets, 16), ignore=head.weight) <= 64 * 16
+
+
+@pytest.mark.parametrize("k", [None, 3])
+def test_a_frozen_bfloat16_heads_logprobs_and_gradient_are_the_log_softmax_of_its_bfloat16_product(k):
+    # A head that pack_frozen_linears runs in bfloat16 (precision="bfloat16"): its logits are the bfloat16 product,
+    # and the gradient's E = softmax @ W runs on the same bfloat16 weights (its packed transpose).
+    from rlvr.engine.cpu.packed import bfloat16_head, bfloat16_supported, pack_frozen_linears
+
+    if not bfloat16_supported():
+        pytest.skip("no oneDNN bfloat16 matmul on this CPU")
+    head = _frozen_head(vocab=301, hidden=24, bias=False)
+    assert pack_frozen_linears(torch.nn.Sequential(head), "bfloat16") == 1 and bfloat16_head(head)
+    hidden, targets, weights = _inputs(k)
+    hidden = (hidden.detach() * 8).requires_grad_()  # peaked softmaxes: E's term in the gradient is up to ~0.8
+    shape = targets.shape
+
+    w16 = head.weight.bfloat16().float()
+    z = (hidden.detach().bfloat16().float() @ w16.T).bfloat16().float()  # (50, V): the product, rounded as it is
+    wanted = targets.reshape(50, -1)
+    logp = z.gather(-1, wanted) - torch.logsumexp(z, -1, keepdim=True)
+    w = weights.reshape(50, -1)
+    by_hand = (w[:, :, None] * head.weight[wanted]).sum(1) - w.sum(-1, keepdim=True) * (torch.softmax(z, -1) @ w16)
+
+    got = target_logprobs(hidden, head, targets, 16)
+    torch.testing.assert_close(got, logp.reshape(shape), atol=5e-2, rtol=0)  # a few bfloat16 steps of a logit
+    (weights * got).sum().backward()
+    # within 3e-3 here (bfloat16 probabilities in E); 3% off in E would be 2.4e-2
+    torch.testing.assert_close(hidden.grad, by_hand, atol=1e-2, rtol=0)

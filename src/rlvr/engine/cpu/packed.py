@@ -221,6 +221,20 @@ def _frozen_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
                                module.packed_kind)
 
 
+def bfloat16_head(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a frozen ``nn.Linear`` that ``pack_frozen_linears`` runs in bfloat16."""
+    return (isinstance(module, torch.nn.Linear) and getattr(module, "packed_kind", "") == "bf16"
+            and not module.weight.requires_grad)
+
+
+def transposed_product(module: torch.nn.Linear, g: torch.Tensor) -> torch.Tensor:
+    """``g @ module.weight`` for 2-D float32 ``g``: on the module's packed transpose where it runs in bfloat16
+    (``bfloat16_head``: the product its input gradient takes), else in float32."""
+    if bfloat16_head(module):
+        return packed_linear(g.contiguous(), module.packed_weight_t, "bf16", None, None, 0)
+    return g @ module.weight
+
+
 TRAIN_ROWS = 512  # the token count the trainer's kernel choice is timed at
 
 

@@ -51,6 +51,8 @@ class _FrozenHeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, hidden: torch.Tensor, head: torch.nn.Linear,
                 targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        from rlvr.engine.cpu.packed import transposed_product  # a CPU path: the GPU paths never load the kernels
+
         values, expected = [], []
         for start in range(0, hidden.shape[0], chunk):
             logits = head(hidden[start:start + chunk]).float()  # (n, V), worked on in place from here
@@ -59,7 +61,7 @@ class _FrozenHeadLogprobs(torch.autograd.Function):
             total = logits.exp_().sum(-1, keepdim=True)  # (n, 1)
             values.append(picked - total.log())
             probs = logits.div_(total).to(head.weight.dtype)  # softmax (n, V)
-            expected.append(probs @ head.weight)  # (n, H): E
+            expected.append(transposed_product(head, probs))  # (n, H): E (in bfloat16 where the head runs so)
         ctx.save_for_backward(head.weight, targets, torch.cat(expected))
         return torch.cat(values)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from rlvr.engine.cpu.packed import bfloat16_head
 from rlvr.engine.sample.kv_cache import cache_kwargs, returned_cache
 from rlvr.engine.train.logprobs import target_logprobs
 
@@ -183,8 +184,10 @@ def cluster_logprobs(
 def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, vocab: int, rows: list[int], steps: list[int],
                      tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(head(hidden[rows, steps]))[tokens], (M,) for targets (M,) or (M, K) for top-K targets (M, K):
-    through the whole logits tensor, or, where that would pass ``LOGITS_MAX_BYTES``, only at the (position, target)
-    pairs asked for, each once (a cluster's members ask for its shared positions alike), in chunks.
+    through the whole logits tensor, or, where that would pass ``LOGITS_MAX_BYTES`` or the head is a frozen
+    bfloat16 one (whose chunked path keeps one H-vector a row, ``logprobs.target_logprobs``, and saves the logits'
+    backward), only at the (position, target) pairs asked for, each once (a cluster's members ask for its shared
+    positions alike), in chunks.
 
     Taken with ``index_select`` on flattened tensors, not advanced indexing: the same (row, step) recurs for every
     datum of a cluster, and advanced indexing's backward adds such repeats with parallel atomic adds once the
@@ -192,7 +195,7 @@ def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, vocab: int, ro
     ``index_select``'s backward adds them in index order, so a seed gives the same gradients bit for bit."""
     batch, width, size = hidden.shape
     at = torch.tensor(rows, dtype=torch.long) * width + torch.tensor(steps, dtype=torch.long)  # (M,)
-    if batch * width * vocab * 4 <= LOGITS_MAX_BYTES:
+    if batch * width * vocab * 4 <= LOGITS_MAX_BYTES and not bfloat16_head(head):
         logits = head(hidden).float()  # (B, W, V)
         lse = logits.logsumexp(-1)
         if tokens.dim() == 2:
