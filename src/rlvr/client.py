@@ -361,7 +361,8 @@ def run_precision(precision: str | None, base_model: str) -> str:
     from rlvr.engine.cpu.packed import native_bfloat16
     from rlvr.engine.models.load import linear_parameters
 
-    return run_default_precision(linear_parameters(base_model), native_bfloat16())
+    native = native_bfloat16()  # where it is not, the model's size is not even read
+    return run_default_precision(linear_parameters(base_model) if native else None, native)
 
 
 def _engine(engine: Engine | None, precision: str | None, device: str | torch.device | None = None) -> Engine:

@@ -23,8 +23,8 @@ def run_default_precision(linear_params: int | None, native_bfloat16: bool) -> s
     """The precision a training run takes when neither ``precision`` nor ``RLVR_PRECISION`` sets one: bfloat16 for a
     model of at least ``AUTO_BFLOAT16_PARAMS`` linear weights on a CPU that multiplies bfloat16 in hardware (AMX or
     AVX512-BF16), float32 otherwise (a small model, an unknown size, a CPU without it). Measured in
-    docs/benchmarks.md ("Which precision a run takes"): on the real shapes bfloat16 samples 1.6-2.1x and trains
-    faster than float32 on such a CPU, and a run learns the same in either."""
+    docs/benchmarks.md ("Which precision a run takes"): on such a CPU bfloat16 samples the real shapes 1.6-2x faster
+    than float32, and runs of SmolLM2 learned the same in either."""
     if native_bfloat16 and linear_params is not None and linear_params >= AUTO_BFLOAT16_PARAMS:
         return "bfloat16"
     return "float32"

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from rlvr.engine.cpu.packed import bfloat16_head
 from rlvr.engine.sample.kv_cache import cache_kwargs, returned_cache
 from rlvr.engine.train.logprobs import target_logprobs
 
@@ -193,6 +192,8 @@ def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, vocab: int, ro
     datum of a cluster, and advanced indexing's backward adds such repeats with parallel atomic adds once the
     gradient it scatters has 32k elements (torch's grain size), in an order that differs from run to run;
     ``index_select``'s backward adds them in index order, so a seed gives the same gradients bit for bit."""
+    from rlvr.engine.cpu.packed import bfloat16_head  # the CPU trainer's: a CUDA engine never loads the kernels
+
     batch, width, size = hidden.shape
     at = torch.tensor(rows, dtype=torch.long) * width + torch.tensor(steps, dtype=torch.long)  # (M,)
     if batch * width * vocab * 4 <= LOGITS_MAX_BYTES and not bfloat16_head(head):
