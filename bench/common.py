@@ -126,14 +126,12 @@ def bench_model(name: str) -> tuple[str, str]:
 
 def linear_shape(folder: str) -> dict[str, float]:
     """Multiply-adds per token in a model's linear layers (the output layer included) and their float32 bytes, from
-    its config: the work a sampled or trained token costs at least."""
-    from transformers import AutoConfig
+    its config (``rlvr.engine.models.load.linear_parameters``): the work a sampled or trained token costs at least."""
+    from rlvr.engine.models.load import linear_parameters
 
-    config = AutoConfig.from_pretrained(folder)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    per_layer = config.hidden_size * (2 * q + 2 * kv) + 3 * config.hidden_size * config.intermediate_size
-    linear = config.num_hidden_layers * per_layer + config.vocab_size * config.hidden_size
+    linear = linear_parameters(folder)
+    if linear is None:
+        raise ValueError(f"{folder}: no model config to count its linear weights from")
     return {"linear_params": linear, "weight_bytes": 4 * linear}
 
 

@@ -356,8 +356,8 @@ def run_precision(precision: str | None, base_model: str) -> str:
     process's engine already exists (a process holds one), an unset precision is the one it multiplies in."""
     if precision or os.environ.get("RLVR_PRECISION") or resolve_device(None).type != "cpu":
         return base_precision(precision)
-    if Engine.current() is not None:
-        return Engine.current().precision
+    if (engine := Engine.current()) is not None:
+        return engine.precision
     from rlvr.engine.cpu.packed import native_bfloat16
     from rlvr.engine.models.load import linear_parameters
 

@@ -98,21 +98,17 @@ static void split(const float *x, int64_t x_stride, const float *norm, float eps
     }
 }
 
-/* Accumulator t (row tile t >> 1, block t & 1) += A tile 4 + (t >> 1) times B tile 6 + (t & 1). */
-#define PRODUCTS()               \
-    do {                         \
-        _tile_dpbf16ps(0, 4, 6); \
-        _tile_dpbf16ps(1, 4, 7); \
-        _tile_dpbf16ps(2, 5, 6); \
-        _tile_dpbf16ps(3, 5, 7); \
-    } while (0)
-
-/* The same for at most 16 rows of a: one row tile, accumulators 0 and 1 (a row's sums are the same as in the
-   32-row form, term for term, so a row's result does not depend on the rows beside it). */
-#define HALF_PRODUCTS()          \
-    do {                         \
-        _tile_dpbf16ps(0, 4, 6); \
-        _tile_dpbf16ps(1, 4, 7); \
+/* Accumulator t (row tile t >> 1, block t & 1) += A tile 4 + (t >> 1) times B tile 6 + (t & 1); the second row
+   tile's two only when `both` (more than 16 rows). A row's sums are the same either way, term for term, so its
+   result does not depend on the rows beside it. */
+#define PRODUCTS(both)                   \
+    do {                                 \
+        _tile_dpbf16ps(0, 4, 6);         \
+        _tile_dpbf16ps(1, 4, 7);         \
+        if (both) {                      \
+            _tile_dpbf16ps(2, 5, 6);     \
+            _tile_dpbf16ps(3, 5, 7);     \
+        }                                \
     } while (0)
 
 /* One pair of blocks (w0, w1) against 32 rows of a (ah, al): out[0:rows, 0:columns] of the pair's 32 columns.
@@ -123,40 +119,13 @@ static void block_pair(const uint16_t *w0, const uint16_t *w1, const char *next,
                        int rows, int columns) {
     const int64_t a_stride = (int64_t)k_padded * 2, second = (int64_t)ROWS * k_padded;
     const int64_t share = (next_bytes / steps + 63) / 64 * 64;
+    const int both = rows > ROWS;
     _tile_zero(0);
     _tile_zero(1);
-    if (rows <= ROWS) {
-        for (int s = 0; s < steps; s++) {
-            const uint16_t *h0 = w0 + (int64_t)s * 2 * TILE, *h1 = w1 + (int64_t)s * 2 * TILE;
-            if (next)
-                for (int64_t line = s * share; line < (s + 1) * share && line < next_bytes; line += 64)
-                    _mm_prefetch(next + line, _MM_HINT_T1);
-            const int64_t a = (int64_t)s * STEP;
-            _tile_loadd(4, ah + a, a_stride);
-            _tile_loadd(6, h0, 64);
-            _tile_loadd(7, h1, 64);
-            HALF_PRODUCTS(); /* ah Wh */
-            _tile_loadd(6, h0 + TILE, 64);
-            _tile_loadd(7, h1 + TILE, 64);
-            HALF_PRODUCTS(); /* ah Wl */
-            _tile_loadd(4, al + a, a_stride);
-            _tile_loadd(6, h0, 64);
-            _tile_loadd(7, h1, 64);
-            HALF_PRODUCTS(); /* al Wh */
-        }
-        float result[2][ROWS * COLUMNS];
-        _tile_stored(0, result[0], 64);
-        _tile_stored(1, result[1], 64);
-        for (int t = 0; t < 2; t++) {
-            int width = columns - t * COLUMNS < COLUMNS ? columns - t * COLUMNS : COLUMNS;
-            if (width > 0)
-                for (int r = 0; r < rows; r++)
-                    memcpy(out + r * out_stride + t * COLUMNS, result[t] + r * COLUMNS, (size_t)width * 4);
-        }
-        return;
+    if (both) {
+        _tile_zero(2);
+        _tile_zero(3);
     }
-    _tile_zero(2);
-    _tile_zero(3);
     for (int s = 0; s < steps; s++) {
         const uint16_t *h0 = w0 + (int64_t)s * 2 * TILE, *h1 = w1 + (int64_t)s * 2 * TILE;
         if (next)
@@ -164,25 +133,27 @@ static void block_pair(const uint16_t *w0, const uint16_t *w1, const char *next,
                 _mm_prefetch(next + line, _MM_HINT_T1);
         const int64_t a = (int64_t)s * STEP;
         _tile_loadd(4, ah + a, a_stride);
-        _tile_loadd(5, ah + a + second, a_stride);
+        if (both) _tile_loadd(5, ah + a + second, a_stride);
         _tile_loadd(6, h0, 64);
         _tile_loadd(7, h1, 64);
-        PRODUCTS(); /* ah Wh */
+        PRODUCTS(both); /* ah Wh */
         _tile_loadd(6, h0 + TILE, 64);
         _tile_loadd(7, h1 + TILE, 64);
-        PRODUCTS(); /* ah Wl */
+        PRODUCTS(both); /* ah Wl */
         _tile_loadd(4, al + a, a_stride);
-        _tile_loadd(5, al + a + second, a_stride);
+        if (both) _tile_loadd(5, al + a + second, a_stride);
         _tile_loadd(6, h0, 64);
         _tile_loadd(7, h1, 64);
-        PRODUCTS(); /* al Wh */
+        PRODUCTS(both); /* al Wh */
     }
     float result[4][ROWS * COLUMNS];
     _tile_stored(0, result[0], 64);
     _tile_stored(1, result[1], 64);
-    _tile_stored(2, result[2], 64);
-    _tile_stored(3, result[3], 64);
-    for (int t = 0; t < 4; t++) {
+    if (both) {
+        _tile_stored(2, result[2], 64);
+        _tile_stored(3, result[3], 64);
+    }
+    for (int t = 0; t < (both ? 4 : 2); t++) {
         int row0 = (t >> 1) * ROWS, column0 = (t & 1) * COLUMNS;
         int row_end = rows - row0 < ROWS ? rows - row0 : ROWS;
         int width = columns - column0 < COLUMNS ? columns - column0 : COLUMNS;
