@@ -326,6 +326,25 @@ def test_a_released_snapshot_is_dropped_only_when_its_last_user_lets_go(engine):
         engine.run(engine.sampler, path, None)
 
 
+def test_a_garbage_collected_clients_release_takes_no_lock_and_runs_before_the_next_job(engine):
+    """A SamplingClient's finalizer may run inside any ``ThreadPoolExecutor.submit`` on its thread (a garbage
+    collection there; transformers loads weights through one), which holds ``concurrent.futures``' module-wide lock:
+    a release that submitted to the engine's executor waited on that lock forever (the suite hung that way)."""
+    import concurrent.futures.thread as pool
+
+    trainer = new_trainer(engine, seed=14)
+    path = engine.run(engine.save_for_sampler, trainer, None)
+    engine.run(engine.sampler, path, None)
+    released = threading.Thread(target=engine.release_sampler_later, args=(path,), daemon=True)
+    with pool._global_shutdown_lock:  # what a submit in progress on this thread holds
+        released.start()
+        released.join(timeout=10)
+        assert not released.is_alive(), "release_sampler_later waited on concurrent.futures' lock"
+    assert path in engine._snapshots  # queued, not run on the caller's thread...
+    engine.run(lambda: None)
+    assert path not in engine._snapshots  # ...and run before the next job
+
+
 def test_a_released_named_snapshot_reloads_from_disk_with_the_same_logprobs(engine):
     trainer = new_trainer(engine, seed=11)
     train_step(engine, trainer, ce_datum([9, 8, 7, 6]))

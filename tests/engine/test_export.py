@@ -120,12 +120,23 @@ def test_the_test_fails_when_the_merge_is_skipped(trained, tmp_path, monkeypatch
     assert np.abs(hf_logprobs(model) - expected).max() > 1e-2
 
 
-def test_a_merged_folder_in_bfloat16(trained, tmp_path):
+def test_a_merged_folder_in_bfloat16_holds_the_float32_merge_rounded(trained, tmp_path):
+    """Each bfloat16 weight is the float32 merge's, rounded (exact, whatever the CPU); a bfloat16 forward then differs
+    from rlvr's float32 logprobs by that rounding and the bfloat16 kernels' own, which vary with the CPU (the Xeon's
+    AMX and the EPYC's AVX512-BF16 round sums in different orders), so that part is only bounded loosely."""
     path, expected = trained
+    export_checkpoint(path, merged=tmp_path / "f32")
     export_checkpoint(path, merged=tmp_path / "bf16", dtype="bfloat16")
+    f32 = AutoModelForCausalLM.from_pretrained(tmp_path / "f32", dtype=torch.float32).state_dict()
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
     assert model.dtype == torch.bfloat16
-    np.testing.assert_allclose(hf_logprobs(model), expected, atol=0.1)
+    bf16 = model.state_dict()
+    assert bf16.keys() == f32.keys()
+    for name, weight in bf16.items():
+        assert weight.dtype == torch.bfloat16 and torch.equal(weight, f32[name].bfloat16()), name
+    logprobs = hf_logprobs(model)
+    assert np.isfinite(logprobs).all()
+    assert np.abs(logprobs - expected).mean() < 0.1 and np.abs(logprobs - expected).max() < 0.5
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

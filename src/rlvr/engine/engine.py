@@ -26,6 +26,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import logging
+import queue
 import secrets
 import threading
 import uuid
@@ -58,6 +60,8 @@ from rlvr.engine.train.prefix import Cluster, cluster_logprobs, plan
 from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
 from rlvr.home import make_path
 from rlvr.metrics import reduce_metrics
+
+logger = logging.getLogger(__name__)
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
@@ -97,16 +101,37 @@ def fix_thread_counts() -> None:
 
 
 class _EngineThread(ThreadPoolExecutor):
-    """The engine's one worker thread; on a CPU engine every job runs on its share of the cores (``cores.py``)."""
+    """The engine's one worker thread; on a CPU engine every job runs on its share of the cores (``cores.py``).
+
+    ``later`` queues a call from where no lock may be taken: a garbage collector's finalizer can run inside any
+    ``ThreadPoolExecutor.submit`` of its thread (transformers loads weights through one), which holds
+    ``concurrent.futures``' module-wide lock, so a finalizer that submitted would wait on that lock forever. What
+    ``later`` queues runs on this thread before the next job."""
 
     def __init__(self, share: CoreShare | None) -> None:
         super().__init__(max_workers=1, thread_name_prefix="rlvr-engine")
         self.share = share
+        self._later: queue.SimpleQueue = queue.SimpleQueue()  # put() takes no lock a finalizer could hold
+
+    def later(self, fn: Callable, /, *args) -> None:
+        self._later.put((fn, args))
 
     def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
+        return super().submit(self._job, fn, *args, **kwargs)
+
+    def _job(self, fn: Callable, /, *args, **kwargs):
+        while True:
+            try:
+                queued, queued_args = self._later.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                queued(*queued_args)
+            except Exception:  # a queued clean-up must not fail the unrelated job behind it
+                logger.exception("rlvr: a queued engine clean-up (%s) failed", getattr(queued, "__name__", queued))
         if self.share is None:
-            return super().submit(fn, *args, **kwargs)
-        return super().submit(self.share.run, fn, *args, **kwargs)
+            return fn(*args, **kwargs)
+        return self.share.run(fn, *args, **kwargs)
 
 
 class Engine:
@@ -417,11 +442,9 @@ class Engine:
         host.retire(adapter)
 
     def release_sampler_later(self, model_path: str, adapter: str | None = None) -> None:
-        """Queue ``release_sampler`` (called when a SamplingClient is garbage-collected, from any thread)."""
-        try:
-            self._executor.submit(self.release_sampler, model_path, adapter)
-        except RuntimeError:  # The interpreter is shutting down; nothing left to free.
-            pass
+        """Queue ``release_sampler`` before the engine's next job (called when a SamplingClient is
+        garbage-collected, from any thread and inside any code: it takes no lock, see ``_EngineThread``)."""
+        self._executor.later(self.release_sampler, model_path, adapter)
 
     def submit_sample(
         self,
