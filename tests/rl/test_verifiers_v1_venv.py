@@ -1,7 +1,7 @@
 """verifiers 0.4 beside the dev environment's 0.3: where ``verifiers.v1`` is not importable here (the dev extra holds
 verifiers 0.3.x and openai 3.x, which 0.4's ``openai<3`` excludes), ``tests/rl/test_verifiers_v1.py`` runs in
 ``.venv-verifiers4``, made on first use by ``scripts/ensure-venv-verifiers4.sh`` (rlvr with verifiers 0.4.0, openai
-2.x, renderers and uv; about two minutes from the package index, then cached), in a subprocess of its own, with that
+2.x, renderers and uv over .venv's other packages; ~15 s, then cached), in a subprocess of its own, with that
 environment's ``uv`` on the PATH (verifiers' ``null`` harness fetches its script's packages with it on first use)."""
 
 from __future__ import annotations
