@@ -19,8 +19,11 @@ Not here: resolving ``base_model`` names and loading folders (``models.py``); wr
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +56,16 @@ def gguf_to_folder(path: Path, folder: Path) -> Path:
         raise ModelLoadError(f"{path}: not a GGUF file the gguf package ({_version()}) can read ({exc}); "
                              "base_model= takes a GGUF model file, a Hugging Face model folder or a hub id") from exc
     check_tensor_types(reader, path)
-    config = gguf_config(reader, path)
-    print(f"rlvr: converting {path.name} to a float32 safetensors folder at {folder} (once)", file=sys.stderr)
-    model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
-                                                       dtype=torch.float32, output_loading_info=True)
-    if info["missing_keys"]:
-        raise ModelLoadError(f"{path}: the file holds no weights for {sorted(info['missing_keys'])[:6]} of its "
-                             f"{config.model_type} model, which would start from random values. Is the file "
-                             "complete (its download finished)? The model's Hugging Face folder loads too.")
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with _parsed_once(gguf, path, reader):
+        config = gguf_config(reader, path)
+        print(f"rlvr: converting {path.name} to a float32 safetensors folder at {folder} (once)", file=sys.stderr)
+        model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
+                                                           dtype=torch.float32, output_loading_info=True)
+        if info["missing_keys"]:
+            raise ModelLoadError(f"{path}: the file holds no weights for {sorted(info['missing_keys'])[:6]} of "
+                                 f"its {config.model_type} model, which would start from random values. Is the file "
+                                 "complete (its download finished)? The model's Hugging Face folder loads too.")
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     # Strip the quantization marker: the weights are already plain float32 tensors.
     model.hf_quantizer = None
     model.is_quantized = False
@@ -73,6 +77,27 @@ def gguf_to_folder(path: Path, folder: Path) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return folder
+
+
+@contextlib.contextmanager
+def _parsed_once(gguf: Any, path: Path, reader: Any) -> Iterator[None]:
+    """While converting ``path``, ``gguf.GGUFReader(path)`` returns ``reader`` and ``gguf.get_tensor_name_map``
+    remembers its answers: transformers parses the file anew for the config, the weights and the tokenizer, and
+    builds the architecture's name map once per tensor (it imports both at each call). Parsing the metadata of a
+    real vocabulary (SmolLM2's 49,152 tokens and their merges) takes seconds each time. Other files, and readers
+    asked for with other arguments, are made as before."""
+    made, name_map, resolved = gguf.GGUFReader, gguf.get_tensor_name_map, path.resolve()
+
+    def reader_of(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if not args and not kwargs and Path(file).resolve() == resolved:
+            return reader
+        return made(file, *args, **kwargs)
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader_of, functools.cache(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = made, name_map
 
 
 def check_tensor_types(reader: Any, path: Path) -> None:
