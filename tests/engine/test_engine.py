@@ -345,6 +345,33 @@ def test_a_garbage_collected_clients_release_takes_no_lock_and_runs_before_the_n
     assert path not in engine._snapshots  # ...and run before the next job
 
 
+def test_a_client_dropped_after_submitting_releases_its_snapshot_only_after_that_job(engine, monkeypatch):
+    """``create_sampling_client(...).compute_logprobs(...)``: the client is collected while its job waits in the
+    queue; its release must wait for that job, which samples the snapshot (here deleted once released, as when the
+    host keeps enough retired adapters already)."""
+    import gc
+
+    from rlvr.client import SamplingClient
+    from rlvr.engine.models import lora
+
+    monkeypatch.setattr(lora, "MAX_RETIRED", 0)  # a released snapshot's adapter is deleted at once
+    trainer = new_trainer(engine, seed=15)
+    train_step(engine, trainer, ce_datum([4, 5, 6, 7]))
+    path = engine.run(engine.save_for_sampler, trainer, None)
+    prompt = types.ModelInput.from_ints([4, 5, 6, 7, 8])
+    client = SamplingClient(engine, engine.run(engine.sampler, path, None))
+    want = engine.run(engine.compute_logprobs, client._handle, prompt)
+    gate = threading.Event()
+    engine.submit(gate.wait, 30)  # the engine busy: the next job waits in the queue
+    got = client.compute_logprobs(prompt)
+    del client
+    gc.collect()  # the client's finalizer queues its release behind the waiting job
+    gate.set()
+    assert got.result(timeout=30) == want
+    engine.run(lambda: None)
+    assert path not in engine._snapshots
+
+
 def test_a_released_named_snapshot_reloads_from_disk_with_the_same_logprobs(engine):
     trainer = new_trainer(engine, seed=11)
     train_step(engine, trainer, ce_datum([9, 8, 7, 6]))

@@ -106,32 +106,45 @@ class _EngineThread(ThreadPoolExecutor):
     ``later`` queues a call from where no lock may be taken: a garbage collector's finalizer can run inside any
     ``ThreadPoolExecutor.submit`` of its thread (transformers loads weights through one), which holds
     ``concurrent.futures``' module-wide lock, so a finalizer that submitted would wait on that lock forever. What
-    ``later`` queues runs on this thread before the next job."""
+    ``later`` queues runs on this thread after every job submitted before it and before the first job submitted
+    after it, as if it had been submitted then: each job and each queued call draws a ticket, and a job first runs
+    the queued calls whose tickets are lower than its own. (A client dropped right after it submitted a job, as in
+    ``create_sampling_client(...).compute_logprobs(...)``, releases its snapshot only once that job has run.)"""
 
     def __init__(self, share: CoreShare | None) -> None:
         super().__init__(max_workers=1, thread_name_prefix="rlvr-engine")
         self.share = share
+        self._tickets = itertools.count()  # next() is one C call: atomic, and takes no lock
         self._later: queue.SimpleQueue = queue.SimpleQueue()  # put() takes no lock a finalizer could hold
+        self._waiting: list[tuple[int, Callable, tuple]] = []  # queued calls not yet due (this thread only)
+        self._submitting = threading.Lock()  # a ticket and its job enter the queue together, in ticket order
 
     def later(self, fn: Callable, /, *args) -> None:
-        self._later.put((fn, args))
+        self._later.put((next(self._tickets), fn, args))
 
     def submit(self, fn: Callable, /, *args, **kwargs) -> Future:
-        return super().submit(self._job, fn, *args, **kwargs)
+        with self._submitting:
+            return super().submit(self._job, next(self._tickets), fn, *args, **kwargs)
 
-    def _job(self, fn: Callable, /, *args, **kwargs):
+    def _job(self, ticket: int, fn: Callable, /, *args, **kwargs):
+        self._run_queued(before=ticket)
+        if self.share is None:
+            return fn(*args, **kwargs)
+        return self.share.run(fn, *args, **kwargs)
+
+    def _run_queued(self, before: int) -> None:
         while True:
             try:
-                queued, queued_args = self._later.get_nowait()
+                self._waiting.append(self._later.get_nowait())
             except queue.Empty:
                 break
+        due = sorted(w for w in self._waiting if w[0] < before)
+        self._waiting = [w for w in self._waiting if w[0] >= before]
+        for _, queued, queued_args in due:
             try:
                 queued(*queued_args)
             except Exception:  # a queued clean-up must not fail the unrelated job behind it
                 logger.exception("rlvr: a queued engine clean-up (%s) failed", getattr(queued, "__name__", queued))
-        if self.share is None:
-            return fn(*args, **kwargs)
-        return self.share.run(fn, *args, **kwargs)
 
 
 class Engine:
@@ -442,8 +455,9 @@ class Engine:
         host.retire(adapter)
 
     def release_sampler_later(self, model_path: str, adapter: str | None = None) -> None:
-        """Queue ``release_sampler`` before the engine's next job (called when a SamplingClient is
-        garbage-collected, from any thread and inside any code: it takes no lock, see ``_EngineThread``)."""
+        """Queue ``release_sampler`` behind the jobs submitted so far (called when a SamplingClient is
+        garbage-collected, from any thread and inside any code: it takes no lock, see ``_EngineThread``); it runs
+        before the next job submitted after it."""
         self._executor.later(self.release_sampler, model_path, adapter)
 
     def submit_sample(
