@@ -12,8 +12,9 @@ bounds many rows, memory traffic few. The decoder's own kernel is named beside i
 Everything that computes runs on the engine's thread, generate included: torch work split between two threads of
 one process ran about a third slower here than the same work on one thread, whichever side it hit.
 
-These VMs share their cores (steal time of 25% is common), so each size runs ``--repeats`` times, rlvr and
-``generate`` alternating, and the best rate of each is compared.
+These VMs share their cores (steal time of 25% is common), so each size runs ``--repeats`` times and the best rate of
+each side is compared. ``generate``'s rounds come first and rlvr's after them, minutes apart, so that the two never
+hold memory at once.
 
 Both precisions are measured: float32 (rlvr's default, sampler logprobs equal to the trainer's to ~1e-5) and, where
 oneDNN multiplies bfloat16 on this CPU, rlvr with ``precision="bfloat16"`` (frozen base matmuls in bfloat16, AMX on a
@@ -32,6 +33,7 @@ runs first, alone, then rlvr; nothing computes beside either.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -115,13 +117,12 @@ def run_vllm(python: str, model_folder: str, adapter: Path, prompts: dict[str, l
 
 def measure(args: argparse.Namespace, precision: str) -> dict:
     """rlvr in ``precision`` against ``generate`` in the same dtype, in this process (one engine thread: torch work on
-    two threads of one process runs a third slower, so each precision gets a process of its own)."""
+    two threads of one process runs a third slower, so each precision gets a process of its own). ``generate``'s
+    rounds run first, on a copy of the model that is then freed, and rlvr's after: the two never hold memory at
+    once (``generate``'s bfloat16 prefill of 64 rows of a 0.6B model peaks at ~21 GiB, beside rlvr's ~7)."""
     engine = Engine.default(precision)
     base_model, folder = bench_model(args.model)
-    sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model=base_model)
-    reference = engine.run(load_base_model, base_model)  # a separate copy for generate
     dtype = getattr(torch, precision)
-    model, tokenizer = engine.run(reference.model.to, dtype), reference.tokenizer  # torch work on the engine's thread
     shape = linear_shape(folder)
     flops, bandwidth = engine.run(matmul_flops, dtype), engine.run(memory_bandwidth)
     weight_bytes = shape["weight_bytes"] * (2 if precision == "bfloat16" else 4) // 4
@@ -132,24 +133,33 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
     print(f"{args.model} in {precision}: {shape['linear_params'] / 1e6:.1f}M multiply-adds per token; matmul "
           f"{flops / 1e9:.0f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s -> bound {bound(1):.1f} tokens/s at 1 row, "
           f"{bound(64):.0f} at 64; {torch.get_num_threads()} threads; {args.max_tokens} new tokens per sequence")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    reference = engine.run(load_base_model, base_model)  # a separate copy for generate
+    model, tokenizer = engine.run(reference.model.to, dtype), reference.tokenizer  # torch work on the engine's thread
+    theirs = {}
+    for size in sizes:
+        n_prompts = min(size, 8)
+        theirs[size] = max(engine.run(run_generate, model, tokenizer, prompts_for(tokenizer, n_prompts),
+                                      size // n_prompts, args.max_tokens) for _ in range(args.repeats))
+        print(f"generate, {size} sequences: {theirs[size]:.1f} tokens/s", flush=True)
+    del model, reference
+    engine.run(gc.collect)
+    sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model=base_model)
     run_rlvr(sampler, prompts_for(tokenizer, 1), 1, 4)  # warm-up
     kernel = chosen_kind("decode") or os.environ.get("RLVR_MATMUL") or "plain"
     print(f"rlvr's decode matmul kernel: {kernel if precision == 'float32' else 'bf16 (oneDNN)'}")
     results = {}
     print(f"{'sequences':>9} | {'rlvr tok/s':>10} | {'generate tok/s':>14} | {'ratio':>5} | {'of bound':>8}")
-    for size in [int(s) for s in args.sizes.split(",")]:
+    for size in sizes:
         n_prompts = min(size, 8)
-        samples = size // n_prompts
-        prompts = prompts_for(tokenizer, n_prompts)
-        ours = theirs = 0.0
-        for _ in range(args.repeats):
-            ours = max(ours, run_rlvr(sampler, prompts, samples, args.max_tokens))
-            theirs = max(theirs, engine.run(run_generate, model, tokenizer, prompts, samples, args.max_tokens))
-        results[str(size)] = {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs, "ratio": ours / theirs,
-                              "fraction_of_bound": ours / bound(size), "bound_tokens_per_s": bound(size),
-                              "prompts": n_prompts, "samples_per_prompt": samples}
-        print(f"{size:>9} | {ours:>10.1f} | {theirs:>14.1f} | {ours / theirs:>5.2f} | {ours / bound(size):>8.2f}",
-              flush=True)
+        ours = max(run_rlvr(sampler, prompts_for(tokenizer, n_prompts), size // n_prompts, args.max_tokens)
+                   for _ in range(args.repeats))
+        results[str(size)] = {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs[size],
+                              "ratio": ours / theirs[size], "fraction_of_bound": ours / bound(size),
+                              "bound_tokens_per_s": bound(size), "prompts": n_prompts,
+                              "samples_per_prompt": size // n_prompts}
+        print(f"{size:>9} | {ours:>10.1f} | {theirs[size]:>14.1f} | {ours / theirs[size]:>5.2f} | "
+              f"{ours / bound(size):>8.2f}", flush=True)
     vllm = None
     if args.vllm_python:
         from rlvr.engine.models.load import model_folder
@@ -184,7 +194,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help=BENCH_MODELS)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--sizes", default="1,8,64", help="sequence counts; above 8 they are 8 prompts x n/8")
-    parser.add_argument("--repeats", type=int, default=2, help="alternating runs per size; the best of each counts")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per size and side; the best of each counts")
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--precisions", default="float32,bfloat16" if bfloat16_supported() else "float32",
                         help="float32 and/or bfloat16 (default: both where this CPU has oneDNN's bfloat16 matmul)")
