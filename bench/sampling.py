@@ -136,11 +136,11 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
     sizes = [int(s) for s in args.sizes.split(",")]
     reference = engine.run(load_base_model, base_model)  # a separate copy for generate
     model, tokenizer = engine.run(reference.model.to, dtype), reference.tokenizer  # torch work on the engine's thread
+    prompts = {size: prompts_for(tokenizer, min(size, 8)) for size in sizes}  # both sides get the same
     theirs = {}
     for size in sizes:
-        n_prompts = min(size, 8)
-        theirs[size] = max(engine.run(run_generate, model, tokenizer, prompts_for(tokenizer, n_prompts),
-                                      size // n_prompts, args.max_tokens) for _ in range(args.repeats))
+        theirs[size] = max(engine.run(run_generate, model, tokenizer, prompts[size], size // len(prompts[size]),
+                                      args.max_tokens) for _ in range(args.repeats))
         print(f"generate, {size} sequences: {theirs[size]:.1f} tokens/s", flush=True)
     del model, reference
     engine.run(gc.collect)
@@ -151,9 +151,8 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
     results = {}
     print(f"{'sequences':>9} | {'rlvr tok/s':>10} | {'generate tok/s':>14} | {'ratio':>5} | {'of bound':>8}")
     for size in sizes:
-        n_prompts = min(size, 8)
-        ours = max(run_rlvr(sampler, prompts_for(tokenizer, n_prompts), size // n_prompts, args.max_tokens)
-                   for _ in range(args.repeats))
+        n_prompts = len(prompts[size])
+        ours = max(run_rlvr(sampler, prompts[size], size // n_prompts, args.max_tokens) for _ in range(args.repeats))
         results[str(size)] = {"rlvr_tokens_per_s": ours, "baseline_tokens_per_s": theirs[size],
                               "ratio": ours / theirs[size], "fraction_of_bound": ours / bound(size),
                               "bound_tokens_per_s": bound(size), "prompts": n_prompts,
