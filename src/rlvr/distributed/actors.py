@@ -127,7 +127,6 @@ class SamplerActor(RestartableActor):
         self._engine = Engine(precision=precision)
         self._lock = threading.Lock()
         self._loaded: OrderedDict[str, tuple[SamplerHandle, str]] = OrderedDict()
-        self._dir = Path(tempfile.mkdtemp(prefix=f"rlvr-sampler-{index}-"))
         self._loads = 0
 
     def held(self) -> dict[str, str]:
@@ -180,11 +179,11 @@ class SamplerActor(RestartableActor):
             return engine.run(engine.sampler, None, key.removeprefix("base:")), BASE_DIGEST
         files = received_files(files, f"sampler replica {self.index}", key)
         self._loads += 1
-        folder = write_folder(self._dir / f"adapter-{self._loads}", files)
-        try:
+        # the folder only carries the files into the engine, which holds the weights in memory from then on (an
+        # evicted adapter comes back from the files a request carries): nothing stays on disk when Ray ends the actor
+        with tempfile.TemporaryDirectory(prefix=f"rlvr-sampler-{self.index}-") as tmp:
+            folder = write_folder(Path(tmp) / f"adapter-{self._loads}", files)
             handle = engine.run(engine.sampler, str(folder), None)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)  # loaded into memory; reloaded from the files if evicted
         held = engine.run(lambda: adapter_digest(handle.host.state_dict(handle.adapter)))
         if held != digest:
             engine.run(engine.release_sampler, str(folder))
@@ -192,6 +191,3 @@ class SamplerActor(RestartableActor):
                                 f"hash {held[:12]}, but the trainer published {digest[:12]}: the weights did not "
                                 "arrive intact, so this replica will not sample from them")
         return handle, held
-
-    def __del__(self) -> None:
-        shutil.rmtree(getattr(self, "_dir", ""), ignore_errors=True)
