@@ -22,29 +22,21 @@ import torch
 from rlvr.engine import checkpoint
 from rlvr.fileio import read_jsonl
 from rlvr.home import resolve
-from rlvr.rl.checkpoints import last_checkpoint
+from rlvr.rl.checkpoints import WARMUP, last_checkpoint
 
 pytestmark = pytest.mark.slow  # whole runs in fresh processes, killed and resumed
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TIMINGS = ("time/", "tokens_per_s")  # wall-clock readings: the only numbers allowed to differ
 
-# Kill switches the child script installs before training (``DIE``): after the step-2 row of metrics.jsonl is
-# written (the first checkpoint, at step 2, is complete), or inside the second checkpoint's state write.
+# Kill switches the child script installs before training (``DIE``): inside the second checkpoint's state write, or
+# a number of seconds after the first checkpoint's record.
 _PRELUDE = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 DIE = {die!r}
-if DIE == "after_first_checkpoint":
-    from rlvr.rl import tracking
-    log = tracking.JsonlTracker.log
-    def log_then_die(self, metrics, step):
-        log(self, metrics, step)
-        if step == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-    tracking.JsonlTracker.log = log_then_die
-elif DIE == "inside_second_checkpoint":
+if DIE == "inside_second_checkpoint":
     import torch
     import rlvr.engine.checkpoint as ckpt
     write, writes = ckpt.write, []
@@ -86,8 +78,8 @@ from rlvr.rl.run import resume, train
 if {resume!r}:
     resume({out!r})
 else:
-    train(overrides=["steps=4", "save_every=1", "problems_per_step=2", "group_size=4", "max_tokens=4",
-                     "eval_problems=2", "seed=7", "out={out}"])
+    train(overrides=["steps=3", "save_every=1", "problems_per_step=2", "group_size=4", "max_tokens=4",
+                     "eval_problems=1", "seed=7", "out={out}"])
 """
 
 # The rpn recipe on tiny as `rlvr train` runs it: a supervised warm-up (6 steps, checkpointed every 2), then RL
@@ -159,14 +151,14 @@ def assert_same_run(a: Path, b: Path, steps: int) -> None:
 
 
 def check_kill_and_resume(straight: Path, tmp_path: Path, body: str, run: str, steps: int) -> None:
-    """Killed after the first checkpoint's metrics row, inside the second checkpoint's write, and at a random moment
-    between the first checkpoint and the last (drawn from the uninterrupted run's timing, so on a machine busier then
-    it may fall after the killed run's final checkpoint, with nothing left to resume; the seed is in the message):
-    each resumed run equals the uninterrupted one (``straight``, its timing in the ``timing`` file beside it)."""
+    """Killed inside the second checkpoint's write, and at a random moment between the first checkpoint and the last
+    (drawn from the uninterrupted run's timing, so on a machine busier then it may fall after the killed run's final
+    checkpoint, with nothing left to resume; the seed is in the message): each resumed run equals the uninterrupted
+    one (``straight``, its timing in the ``timing`` file beside it). A kill just after a checkpoint's metrics row is
+    the warm-up run's ``in_rl`` below."""
     seed = random.randrange(2**32)
     delays = random.Random(seed).uniform(0, float((straight.parent / "timing").read_text()))
-    for die, resumes_from in (("after_first_checkpoint", 2), ("inside_second_checkpoint", 2),
-                              (f"random:{delays:.3f}", None)):
+    for die, resumes_from in (("inside_second_checkpoint", 2), (f"random:{delays:.3f}", None)):
         out = tmp_path / die.split(":")[0]
         killed = run_process(body, out, die=die)
         if resumes_from is None and killed.returncode == 0:  # the draw outlived this (slower or faster) run
@@ -201,15 +193,28 @@ def warmed_straight(tmp_path_factory) -> Path:
     return run_to_the_end(_WARMED, tmp_path_factory.mktemp("warmed") / "straight")
 
 
-@pytest.mark.parametrize("die", ["in_warmup", "in_rl_before_its_first_checkpoint", "in_rl"])
-def test_a_run_with_a_warm_up_killed_in_either_phase_resumes_to_the_uninterrupted_one(warmed_straight, tmp_path,
-                                                                                        die):
-    """Killed after the warm-up's first checkpoint, after the loop's first step (no RL checkpoint yet: the loop
-    starts again from the warm-up's state) or after its first checkpoint: ``rlvr.resume`` ends where the
-    uninterrupted run does, its warm-up rows, metrics rows and final adapter alike."""
-    killed = run_process(PHASE_KILLS + _WARMED, tmp_path, die=die)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert (tmp_path / "checkpoints.jsonl").exists() == (die == "in_rl")
+def test_a_run_with_a_warm_up_killed_in_each_phase_in_turn_resumes_to_the_uninterrupted_one(warmed_straight,
+                                                                                           tmp_path):
+    """One run killed three times, each resume killed at the next point: after the warm-up's first checkpoint; after
+    the loop's first step (no RL checkpoint yet: the loop starts again from the warm-up's state); after the loop's
+    first checkpoint, with a metrics row past it to drop. The last ``rlvr.resume`` ends where the uninterrupted run
+    does, its warm-up rows, metrics rows and final adapter alike. Each resume starts from what the kill before it
+    left, so one that lost or repeated anything shows in that end."""
+    for resume, die in ((False, "in_warmup"), (True, "in_rl_before_its_first_checkpoint"), (True, "in_rl")):
+        killed = run_process(PHASE_KILLS + _WARMED, tmp_path, resume=resume, die=die)
+        assert killed.returncode == -signal.SIGKILL, (die, killed.stderr[-3000:])
+        warmup_steps = [row["step"] for row in read_jsonl(tmp_path / "warmup.jsonl")]
+        rl_steps = [row["step"] for row in read_jsonl(tmp_path / "metrics.jsonl")] if die != "in_warmup" else []
+        rl_checkpoint = last_checkpoint(tmp_path)
+        if die == "in_warmup":
+            assert last_checkpoint(tmp_path, WARMUP)["step"] == 2 and warmup_steps == [0, 1], warmup_steps
+            assert not (tmp_path / "metrics.jsonl").exists()
+        else:  # the warm-up ended; the loop had begun
+            assert warmup_steps == list(range(6)) and last_checkpoint(tmp_path, WARMUP)["step"] == 6, warmup_steps
+        if die == "in_rl_before_its_first_checkpoint":
+            assert rl_checkpoint is None and rl_steps == [0], (rl_checkpoint, rl_steps)
+        if die == "in_rl":
+            assert rl_checkpoint["step"] == 2 and rl_steps == [0, 1, 2], (rl_checkpoint, rl_steps)
     run_to_the_end(_WARMED, tmp_path, resume=True)
     assert_same_run(warmed_straight, tmp_path, 4)
     warmup_a, warmup_b = read_jsonl(warmed_straight / "warmup.jsonl"), read_jsonl(tmp_path / "warmup.jsonl")

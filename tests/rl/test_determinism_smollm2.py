@@ -1,7 +1,7 @@
-"""Same seed, same run on SmolLM2-135M as ``rlvr train`` runs it, as briefly as shows the point (4 steps, 2 problems of
-4 samples, 4 tokens, a checkpoint every step): a run killed (SIGKILL) inside its second checkpoint's write resumes to
-the uninterrupted run's end, bit for bit. That is also a comparison of three processes with one seed: the killed one's
-first two steps, and the resuming one's last two, against the uninterrupted one's.
+"""Same seed, same run on SmolLM2-135M as ``rlvr train`` runs it, as briefly as shows the point (3 steps, 2 problems of
+4 samples, 4 tokens, a checkpoint every step, one held-out problem): a run killed (SIGKILL) inside its second
+checkpoint's write resumes to the uninterrupted run's end, bit for bit. That is also a comparison of three processes
+with one seed: the killed one's first two steps, and the resuming one's last two, against the uninterrupted one's.
 
 Every kill point (after a checkpoint, inside one, at a random moment) is shown on tiny in ``test_determinism.py``;
 what a kill can break is the run's bookkeeping, which is the same for every model, so here the real model goes
@@ -16,7 +16,7 @@ from test_determinism import _SMOLLM2, assert_same_run, run_process, run_to_the_
 
 from rlvr.rl.checkpoints import last_checkpoint
 
-STEPS = 4
+STEPS = 3
 
 pytestmark = pytest.mark.slow
 
