@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlvr.model_names import SMOLLM2
+
 _real_home = Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
 # The suite's process engine runs on the CPU even where a GPU is visible (the `gpu` tests build CUDA engines of their
 # own); RLVR_DEVICE set by the caller wins.
@@ -35,6 +37,12 @@ def rlvr_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for entry in cached.iterdir():  # each, not the folder: what the session writes stays out of the user's cache
         if not entry.name.startswith("."):  # lock files stay per session
             (home / "models" / entry.name).symlink_to(entry)
+    if os.environ.get("PYTEST_XDIST_WORKER") and not (cached / SMOLLM2).exists():
+        # the embedded model is converted once per suite run, by the first worker that needs it (under its lock)
+        shared = tmp_path_factory.getbasetemp().parent / "shared-models"  # one for all workers of this run
+        shared.mkdir(exist_ok=True)
+        for name in (SMOLLM2, f".{SMOLLM2}.lock"):
+            (home / "models" / name).symlink_to(shared / name)
     os.environ["RLVR_HOME"] = str(home)
     return home
 
@@ -47,3 +55,4 @@ def service():
 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+

@@ -169,8 +169,9 @@ def _file_lock(path: Path):
 
 
 def ensure_smollm2() -> Path:
-    """The converted SmolLM2-135M-Instruct folder, fetching and converting it on first use."""
-    folder = rlvr_home() / "models" / SMOLLM2
+    """The converted SmolLM2-135M-Instruct folder, fetching and converting it on first use (where a symlink in its
+    place points, when it is one: a models folder on another disk, or one shared by processes)."""
+    folder = (rlvr_home() / "models" / SMOLLM2).resolve()
     if (folder / "config.json").exists():
         return folder
     with _file_lock(rlvr_home() / "models" / f".{SMOLLM2}.lock"):
