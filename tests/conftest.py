@@ -55,4 +55,3 @@ def service():
 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
