@@ -17,8 +17,8 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from rlvr.engine.models.load import ensure_smollm2
+from rlvr.integrations.refine import code_refine_dataset
 from rlvr.rl import LoopConfig, train
-from rlvr.rl.refine import code_refine_dataset
 from rlvr.tasks import MbppSource
 
 

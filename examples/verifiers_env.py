@@ -3,7 +3,8 @@ with ``--turns 2`` a wrong answer gets "Not quite, try again." and a second turn
 
     .venv/bin/python examples/verifiers_env.py [--steps 10] [--turns 1] [--model smollm2-135m] [--out runs/vf]
 
-Needs ``pip install 'rlvr[verifiers]' 'verifiers<0.4'`` (0.4's v1 tasksets train through ``rlvr.rl.verifiers_v1``).
+Needs ``pip install 'rlvr[verifiers]' 'verifiers<0.4'`` (0.4's v1 tasksets train through
+``rlvr.integrations.verifiers_v1``).
 The module is also an installable verifiers environment: with examples/ on ``PYTHONPATH``,
 ``VerifiersDataset("verifiers_env", tokenizer)`` loads it by id through ``load_environment``.
 """
@@ -63,8 +64,8 @@ def load_environment(turns: int = 1, num_examples: int = 256, seed: int = 0) -> 
 
 def main() -> None:
     import rlvr
+    from rlvr.integrations.verifiers_env import VerifiersDataset
     from rlvr.rl import LoopConfig, train
-    from rlvr.rl.verifiers_env import VerifiersDataset
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv-verifiers4 in the repository root, once: rlvr with the current verifiers release (0.4.x, its v1 stack)
 # and what that requires (openai 2.x, renderers), which cannot share .venv with the dev extra's verifiers 0.3.x and
-# openai 3.x; and uv, which runs verifiers' harnesses that are PEP 723 scripts. tests/rl/test_verifiers_v1_venv.py
+# openai 3.x; and uv, which runs verifiers' harnesses that are PEP 723 scripts. tests/integrations/test_verifiers_v1_venv.py
 # runs the v1 adapter's tests there.
 # Where .venv exists with the same Python, .venv-verifiers4 reads .venv's packages behind its own (a .pth file adds
 # .venv's site-packages after its own), so pip installs only what differs (verifiers, openai, renderers, uv and rlvr

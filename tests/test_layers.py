@@ -28,6 +28,14 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
     ("rlvr.rl", ("torch", "rlvr.engine"),
      "packages: rl/ must not 'import torch or `rlvr.engine` (a test enforces it)'; 'the RL layer never touches "
      "torch modules directly, only the client API'"),
+    ("rlvr.app", ("torch", "rlvr.engine"),
+     "packages: the run application is the RL layer's too: it must not 'import torch or `rlvr.engine`'"),
+    ("rlvr.integrations", ("torch", "rlvr.engine", "rlvr.app"),
+     "packages: the integrations are the RL layer's too (no torch, no engine), and sit on the loop library, beside "
+     "the run application, which may use them"),
+    ("rlvr.rl", ("rlvr.app", "rlvr.integrations"),
+     "the RL layer's rooms: the loop library sits below the run application and the integrations; 'Arrows point "
+     "down only'"),
     ("rlvr.engine", ("rlvr.rewards", "rlvr.rl", "rlvr.server", "rlvr.tasks", "rlvr.sandbox", "rlvr.distributed"),
      "packages: engine/ must not 'import rewards, envs, the server'; 'Arrows point down only. The engine knows "
      "nothing of rewards or environments'"),
@@ -228,8 +236,9 @@ def test_each_name_has_one_import_path():
 def test_every_module_is_read():
     # The checker sees the layers it guards: a rule over an empty set of modules would pass vacuously.
     modules = {arrow.module for arrow in arrows(SRC)}
-    for layer in ("rlvr.rl.loop", "rlvr.engine.engine", "rlvr.sandbox", "rlvr.rewards", "rlvr.tasks", "rlvr.client",
-                  "rlvr.server", "rlvr.distributed", "rlvr.rl.tensafe.critic"):
+    for layer in ("rlvr.rl.loop", "rlvr.app.run", "rlvr.integrations.refine", "rlvr.engine.engine", "rlvr.sandbox",
+                  "rlvr.rewards", "rlvr.tasks", "rlvr.client", "rlvr.server", "rlvr.distributed",
+                  "rlvr.integrations.tensafe.critic"):
         assert any(_under(m, layer) for m in modules), layer
 
 
@@ -255,7 +264,8 @@ def test_planted_forbidden_imports_are_caught(tmp_path):
                 from ..engine import Engine  # relative, inside a function
                 return Engine
             """,
-        "rlvr/rl/tensafe/__init__.py": "from .. import advantages\nfrom ...engine.lora import LORA_ALPHA\n",
+        "rlvr/integrations/tensafe/__init__.py": "from .. import refine\nfrom ...engine.lora import LORA_ALPHA\n",
+        "rlvr/rl/phases.py": "from rlvr.app.run import train\nfrom rlvr.integrations import textarena\n",
         "rlvr/engine/engine.py": "from rlvr import rewards\nfrom . import sampler\n",
         "rlvr/sandbox/executor.py": """\
             from typing import TYPE_CHECKING
@@ -281,9 +291,12 @@ def test_planted_forbidden_imports_are_caught(tmp_path):
         "rlvr.engine.sample must not import",
         "rlvr/engine/train/prefix.py:1: rlvr.engine.train.prefix imports rlvr.engine.gpu.packing, which rlvr.engine "
         "must not import (outside rlvr.engine.engine, rlvr.engine.gpu)",
+        "rlvr/integrations/tensafe/__init__.py:2: rlvr.integrations.tensafe imports rlvr.engine.lora, which "
+        "rlvr.integrations must not import",
         "rlvr/rewards/math.py:3: rlvr.rewards.math imports rlvr.rl.loop, which rlvr.rewards must not import",
         "rlvr/rl/loop.py:6: rlvr.rl.loop imports rlvr.engine, which rlvr.rl must not import",
-        "rlvr/rl/tensafe/__init__.py:2: rlvr.rl.tensafe imports rlvr.engine.lora, which rlvr.rl must not import",
+        "rlvr/rl/phases.py:1: rlvr.rl.phases imports rlvr.app.run, which rlvr.rl must not import",
+        "rlvr/rl/phases.py:2: rlvr.rl.phases imports rlvr.integrations, which rlvr.rl must not import",
         "rlvr/sandbox/executor.py:4: rlvr.sandbox.executor imports torch.nn, which rlvr.sandbox must not import",
         "rlvr/server/app.py:1: rlvr.server.app imports vllm, which rlvr must not import (outside rlvr.distributed, "
         "rlvr.cli)",
@@ -298,7 +311,7 @@ def test_relative_imports_resolve_against_the_importer():
     assert base("from . import x", "rlvr.rl.loop", False) == "rlvr.rl"
     assert base("from . import x", "rlvr.rl", True) == "rlvr.rl"
     assert base("from ..engine import x", "rlvr.rl.loop", False) == "rlvr.engine"
-    assert base("from ...engine.lora import x", "rlvr.rl.tensafe", True) == "rlvr.engine.lora"
+    assert base("from ...engine.lora import x", "rlvr.integrations.tensafe", True) == "rlvr.engine.lora"
     assert base("from rlvr.engine import x", "rlvr.rl.loop", False) == "rlvr.engine"
 
 
@@ -309,9 +322,9 @@ def test_planted_face_imports_and_circles_are_caught(tmp_path):
         "rlvr/types.py": "",
         "rlvr/rl/__init__.py": "",
         "rlvr/rl/phases.py": "import rlvr\n",
-        "rlvr/rl/run.py": "def late():\n    from rlvr import ServiceClient\n",
-        "rlvr/rl/config.py": "from rlvr.rl.recipes import RECIPES\n",
-        "rlvr/rl/recipes.py": """\
+        "rlvr/app/run.py": "def late():\n    from rlvr import ServiceClient\n",
+        "rlvr/rl/config.py": "from rlvr.app.recipes import RECIPES\n",
+        "rlvr/app/recipes.py": """\
             from typing import TYPE_CHECKING
 
             if TYPE_CHECKING:
@@ -320,10 +333,10 @@ def test_planted_face_imports_and_circles_are_caught(tmp_path):
         "rlvr/rl/loop.py": "from rlvr.rl import phases\nfrom . import config\n",
     })
     assert [line.split(";")[0] for line in face_imports(package)] == [
+        "rlvr/app/run.py:2: rlvr.app.run imports the package face rlvr",
         "rlvr/rl/phases.py:1: rlvr.rl.phases imports the package face rlvr",
-        "rlvr/rl/run.py:2: rlvr.rl.run imports the package face rlvr",
     ]
-    assert circles(package) == ["rlvr.rl.config (line 1) and rlvr.rl.recipes (line 4) import each other"]
+    assert circles(package) == ["rlvr.app.recipes (line 4) and rlvr.rl.config (line 1) import each other"]
 
 
 def test_planted_reexports_are_caught(tmp_path):

@@ -14,8 +14,8 @@ import click
 import pytest
 import typer
 
+from rlvr.app.settings import resolve_config
 from rlvr.cli import app
-from rlvr.rl.config import resolve_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

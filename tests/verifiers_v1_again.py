@@ -1,4 +1,4 @@
-"""A multi-turn verifiers v1 env for rlvr's tests (``tests/rl/test_verifiers_v1.py``), taskset id
+"""A multi-turn verifiers v1 env for rlvr's tests (``tests/integrations/test_verifiers_v1.py``), taskset id
 ``verifiers_v1_again``: the env answers each of the model's replies with the user turn "Again." until the model has
 answered three times; the reward is the share of those three answers the trace holds. Needs verifiers 0.4."""
 

@@ -1,4 +1,4 @@
-"""A verifiers v1 taskset for rlvr's tests (``tests/rl/test_verifiers_v1.py``), importable as taskset id
+"""A verifiers v1 taskset for rlvr's tests (``tests/integrations/test_verifiers_v1.py``), importable as taskset id
 ``verifiers_v1_sums``: eight single-turn "Say <letter>." tasks, scored by two reward functions that tell any two
 replies apart (``scored``) and look for the letter (``said_it``), plus a metric. Needs verifiers 0.4."""
 

@@ -24,16 +24,16 @@ from rlvr.errors import (
 
 if TYPE_CHECKING:
     from rlvr import types
+    from rlvr.app.evaluation import evaluate
+    from rlvr.app.run import resume, train
+    from rlvr.app.sft import sft
     from rlvr.client import SamplingClient, ServiceClient, TrainingClient
-    from rlvr.rl.evaluation import evaluate
-    from rlvr.rl.run import resume, train
-    from rlvr.rl.sft import sft
     from rlvr.weights import export
 
 # Imported on first use, so `import rlvr` (and the CLI's config checks) stay fast: torch loads with the clients.
 _LAZY = {"types": "rlvr.types", "SamplingClient": "rlvr.client", "ServiceClient": "rlvr.client",
-         "TrainingClient": "rlvr.client", "train": "rlvr.rl.run", "evaluate": "rlvr.rl.evaluation",
-         "resume": "rlvr.rl.run", "sft": "rlvr.rl.sft", "export": "rlvr.weights"}
+         "TrainingClient": "rlvr.client", "train": "rlvr.app.run", "evaluate": "rlvr.app.evaluation",
+         "resume": "rlvr.app.run", "sft": "rlvr.app.sft", "export": "rlvr.weights"}
 
 
 def __getattr__(name: str) -> object:

@@ -85,9 +85,10 @@ OVERRIDES_HELP = "Settings as key=value (dotted keys for nested ones: task.level
 
 def _options_epilog() -> str:
     """Every config key with its type, default and meaning, for `rlvr train --help`."""
-    from rlvr.rl.config import RECIPES, options
+    from rlvr.app.recipes import RECIPES
+    from rlvr.app.settings import options
 
-    lines = [f"**Recipes**: {', '.join(RECIPES)} (each presets some of the keys below; see rlvr/rl/recipes.py).",
+    lines = [f"**Recipes**: {', '.join(RECIPES)} (each presets some of the keys below; see rlvr/app/recipes.py).",
              "", "**Config keys** (YAML file or key=value; defaults before the recipe's presets):", ""]
     for key, kind, default, doc in options():
         lines.append(f"- `{key}` ({kind}, default `{default!r}`): {doc.replace('``', '`')}")
@@ -100,8 +101,8 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 def _config(recipe: str | None, config: str | None, data: str | None, overrides: list[str] | None) -> object:
+    from rlvr.app.settings import resolve_config
     from rlvr.errors import ConfigurationError
-    from rlvr.rl.config import resolve_config
 
     extra = [f"data={data}"] if data is not None else []
     try:
@@ -121,8 +122,8 @@ def train(
 ) -> None:
     """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table.
     SIGTERM or Ctrl-C checkpoint the step in flight and print the command that resumes the run."""
-    from rlvr.rl.run import train as run
-    from rlvr.rl.sources import build_source
+    from rlvr.app.run import train as run
+    from rlvr.app.sources import build_source
 
     resolved = _config(recipe, config, data, overrides)
     build_source(resolved)  # data files, task keys and the reward, checked before the model loads
@@ -137,7 +138,7 @@ def resume(
                                                           show_default=False)] = None,
 ) -> None:
     """Continue a run (of rlvr train or rlvr sft) from its last checkpoint."""
-    from rlvr.rl.run import resume as run
+    from rlvr.app.run import resume as run
 
     result = run(run_dir, overrides)
     if isinstance(result, str):  # an sft run: its final state
@@ -153,10 +154,10 @@ def sft(
     config: str = typer.Option(None, "--config", "-c", help="YAML config file."),
 ) -> None:
     """Supervised fine-tuning (cross_entropy) on a JSONL of prompt/completion pairs; prints the state path."""
-    from rlvr.rl.config import build_config, merge_layers, parse_overrides, read_config_file
-    from rlvr.rl.progress import make_console
-    from rlvr.rl.sft import SftConfig
-    from rlvr.rl.sft import sft as run
+    from rlvr.app.progress import make_console
+    from rlvr.app.settings import build_config, merge_layers, parse_overrides, read_config_file
+    from rlvr.app.sft import SftConfig
+    from rlvr.app.sft import sft as run
 
     values = merge_layers(read_config_file(config) if config else {}, parse_overrides(overrides or []))
     path = run(build_config(values, SftConfig), console=make_console())
@@ -181,13 +182,13 @@ def eval_(
     """Evaluate a model or checkpoint on a task's held-out problems: pass@k, mean reward, per-problem JSONL."""
     from pathlib import Path
 
-    from rlvr.rl.config import read_config_file
-    from rlvr.rl.evaluation import evaluate
-    from rlvr.rl.progress import make_console
+    from rlvr.app.evaluation import evaluate
+    from rlvr.app.progress import make_console
+    from rlvr.app.settings import read_config_file
 
     run_config = Path(checkpoint or "", "config.yaml")
     if checkpoint and run_config.is_file() and recipe is None and config is None:
-        from rlvr.rl.config import resolve_config
+        from rlvr.app.settings import resolve_config
 
         resolved = resolve_config(base=read_config_file(run_config), overrides=overrides)
     else:
@@ -208,8 +209,8 @@ def runs(root: str = typer.Argument("runs", help="Folder holding run folders."))
 
     from rich.table import Table
 
-    from rlvr.rl.progress import make_console
-    from rlvr.rl.runs import format_bytes, list_runs
+    from rlvr.app.progress import make_console
+    from rlvr.app.runs import format_bytes, list_runs
 
     table = Table(title=f"runs in {root}")
     for column in ("run", "status", "steps", "best reward", "baseline acc", "after acc", "disk"):

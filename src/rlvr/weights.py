@@ -51,7 +51,7 @@ def export(path: str | Path, *, merged: str | Path | None = None, adapter: str |
 def checkpoint_of(path: str | Path) -> str:
     """The checkpoint path ``path`` names: itself (a checkpoint path or folder), a run folder's last checkpoint, or
     a run name's (see the module docstring); CheckpointNotFoundError naming what was looked for otherwise."""
-    from rlvr.rl.evaluation import resolve_checkpoint
+    from rlvr.app.evaluation import resolve_checkpoint
 
     text = str(path)
     if text.startswith(SCHEMES) or (Path(text) / "rlvr.json").is_file():

@@ -129,9 +129,9 @@ def test_a_moved_run_folder_resumes_from_its_own_copy(tmp_path):
 
 
 def test_disk_use_counts_the_run_folder_and_older_checkpoints_outside_it(tmp_path):
+    from rlvr.app.runs import format_bytes
     from rlvr.home import checkpoint_root
     from rlvr.rl.checkpoints import disk_use
-    from rlvr.rl.runs import format_bytes
 
     run = tmp_path / "run"
     (run / "checkpoints" / "weights" / "step-1").mkdir(parents=True)

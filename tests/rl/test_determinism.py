@@ -74,7 +74,7 @@ train(config(Path({out!r}), steps=6, save_every=2, resume={resume!r}), SayA())
 """
 
 _SMOLLM2 = """
-from rlvr.rl.run import resume, train
+from rlvr.app.run import resume, train
 if {resume!r}:
     resume({out!r})
 else:
@@ -85,7 +85,7 @@ else:
 # The rpn recipe on tiny as `rlvr train` runs it: a supervised warm-up (6 steps, checkpointed every 2), then RL
 # (4 steps, checkpointed every 2). PHASE_KILLS stop it in each phase; `rlvr.resume` continues it.
 _WARMED = """
-from rlvr.rl.run import resume, train
+from rlvr.app.run import resume, train
 from rich.console import Console
 if {resume!r}:
     resume({out!r}, console=Console(quiet=True))

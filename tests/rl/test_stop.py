@@ -1,4 +1,4 @@
-"""A clean stop (rl/stop.py, rl/status.py): SIGTERM or Ctrl-C finish the step in flight, checkpoint it, mark the run
+"""A clean stop (rl/stop.py, app/status.py): SIGTERM or Ctrl-C finish the step in flight, checkpoint it, mark the run
 interrupted, print the command that resumes it and exit with 128 + the signal; the resumed run ends where the
 uninterrupted one does. A second Ctrl-C stops at once. Nothing the run started (reward workers, Ray) is left
 running."""
@@ -176,7 +176,7 @@ def test_a_stop_in_an_evaluation_or_a_second_request_ends_at_once():
 @pytest.mark.slow
 def test_rlvr_sft_stopped_and_resumed_ends_with_the_uninterrupted_weights(tmp_path):
     import rlvr as api
-    from rlvr.rl.sft import SftConfig, sft
+    from rlvr.app.sft import SftConfig, sft
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"{i}+1?", "completion": f"{i + 1}"}) + "\n" for i in range(8)))
@@ -190,7 +190,7 @@ def test_rlvr_sft_stopped_and_resumed_ends_with_the_uninterrupted_weights(tmp_pa
 
     from unittest import mock
 
-    with mock.patch("rlvr.rl.status.StopRequest", return_value=stop), pytest.raises(RunInterrupted):
+    with mock.patch("rlvr.app.status.StopRequest", return_value=stop), pytest.raises(RunInterrupted):
         sft(SftConfig(**settings, out=str(tmp_path / "b")), progress=stop_after)
     status = json.loads((tmp_path / "b" / "status.json").read_text())
     assert status["status"] == "interrupted" and status["step"] == 2 and status["kind"] == "sft"

@@ -5,13 +5,13 @@
     result = train(LoopConfig(base_model="smollm2-135m", steps=30, out="runs/arith"), source)
 
 The names in ``__all__`` are its public face, each defined in one module and imported here on first use (so that
-``rlvr.rl.config``, which the command line's config checks import, loads no torch): ``config`` (``LoopConfig``,
+``rlvr.rl.config``, which the run application's config checks import, loads no torch): ``config`` (``LoopConfig``,
 ``DistributedConfig``), ``loop`` (the training loop, a function per mode), ``envs`` (``Env``, ``EnvGroupBuilder``,
 ``RLDataset`` and what a rollout records), ``phases`` (the sampler checks), ``rollouts`` (``curriculum_problems``)
 and ``advantages`` (``group_advantages``).
 
-Not here: the run application (``rlvr.train``: recipes, config files, run folders) and the integrations (textarena,
-verifiers, TenSafe), which sit on this library.
+Not here: the run application (``rlvr.app``: ``rlvr.train``, recipes, config files, run folders) and the
+integrations (``rlvr.integrations``: textarena, verifiers, TenSafe), which sit on this library.
 """
 
 from __future__ import annotations

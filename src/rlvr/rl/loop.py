@@ -20,7 +20,7 @@ the envs score themselves; its ``test_groups`` are the held-out evaluation.
 
 A curriculum (``LoopConfig.curriculum``) narrows each step's problems to a difficulty stage. Truncated importance
 weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``). The algorithm objects of the
-TenSafe cookbook live in ``rl/tensafe``, the rollout pages in ``rollout_log.py``.
+TenSafe cookbook live in ``integrations/tensafe``, the rollout pages in ``rollout_log.py``.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError
+from rlvr.integrations.tensafe.critic import LinearCritic
 from rlvr.rl.advantages import RunningBaseline, entropy_shaped, gae, group_advantages, returns_to_go
 from rlvr.rl.datums import rl_datum, sample_train_metrics
-from rlvr.rl.tensafe.critic import LinearCritic
 
 
 @dataclass

@@ -15,11 +15,11 @@ import difflib
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from rlvr.app.recipes import ENV_RECIPES, GENERATED
 from rlvr.errors import ConfigurationError
-from rlvr.rl.recipes import ENV_RECIPES, GENERATED
 
 if TYPE_CHECKING:
-    from rlvr.rl.config import TrainConfig
+    from rlvr.app.settings import TrainConfig
 
 __all__ = ["build_source"]
 
@@ -71,7 +71,7 @@ def build_source(config: TrainConfig) -> Any:
 
 def _env_dataset(config: TrainConfig) -> Any:
     """The env dataset of an env recipe; its tokenizer is the loop's model's (bound when the run starts)."""
-    from rlvr.rl.textarena import TextArenaDataset
+    from rlvr.integrations.textarena import TextArenaDataset
 
     for key in ("data", "reward", "reward_config"):
         if getattr(config, key):

@@ -1,4 +1,5 @@
-"""verifiers 0.4's v1 stack against rlvr (rl/verifiers_v1.py, rl/verifiers_v1_harness.py, server/generate.py): its own
+"""verifiers 0.4's v1 stack against rlvr (integrations/verifiers_v1.py, integrations/verifiers_v1_harness.py,
+server/generate.py): its own
 ``TrainClient`` sampling from ``rlvr serve``'s generate route (token ids and logprobs equal to the engine's, a refused
 request answered with a 4xx naming the field and the next one served), and v1 tasksets (``tests/verifiers_v1_sums.py``
 single-turn, ``tests/verifiers_v1_again.py`` multi-turn) played by verifiers' own env and interception server through
@@ -7,7 +8,7 @@ in its subprocess runtime): the tokens trained are the tokens sampled, user turn
 rewards are the reward and reach ``metrics.jsonl``, a reward function that raises is a counted failure.
 
 Needs verifiers 0.4 (and with it openai 2.x), which cannot share a virtual environment with the dev extra's verifiers
-0.3: ``tests/rl/test_verifiers_v1_venv.py`` runs this file in ``.venv-verifiers4``
+0.3: ``tests/integrations/test_verifiers_v1_venv.py`` runs this file in ``.venv-verifiers4``
 (``scripts/ensure-venv-verifiers4.sh``)."""
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import time
 
 import pytest
 
-verifiers = pytest.importorskip("verifiers", reason="verifiers 0.4: tests/rl/test_verifiers_v1_venv.py runs this "
-                                                     "file in .venv-verifiers4")
+verifiers = pytest.importorskip("verifiers", reason="verifiers 0.4: tests/integrations/test_verifiers_v1_venv.py "
+                                                     "runs this file in .venv-verifiers4")
 if not verifiers.__version__.startswith("0.4"):  # 0.3.x carries an early verifiers.v1 that 0.4 changed throughout
-    pytest.skip(f"verifiers {verifiers.__version__} is not 0.4: tests/rl/test_verifiers_v1_venv.py runs this file in "
-                ".venv-verifiers4", allow_module_level=True)
+    pytest.skip(f"verifiers {verifiers.__version__} is not 0.4: tests/integrations/test_verifiers_v1_venv.py runs "
+                "this file in .venv-verifiers4", allow_module_level=True)
 pytest.importorskip("fastapi", reason="the endpoint the episodes sample through: rlvr[server]")
 
 import verifiers.v1 as vf  # noqa: E402
@@ -35,9 +36,9 @@ import verifiers.v1 as vf  # noqa: E402
 from rlvr import types  # noqa: E402
 from rlvr.engine.models.tiny import build_tiny_tokenizer  # noqa: E402
 from rlvr.errors import ConfigurationError  # noqa: E402
+from rlvr.integrations.verifiers_v1 import VerifiersV1Dataset  # noqa: E402
 from rlvr.rl import LoopConfig, train  # noqa: E402
 from rlvr.rl.envs import trajectory_datums  # noqa: E402
-from rlvr.rl.verifiers_v1 import VerifiersV1Dataset  # noqa: E402
 from verifiers_v1_sums import text_score  # noqa: E402
 
 KEY = "tml-verifiers-v1-test-key-0123"
@@ -174,7 +175,7 @@ def test_a_full_context_is_a_counted_failure_and_any_other_refusal_stops_the_ste
     from verifiers.v1.trace import Error
 
     from rlvr.errors import SamplingError
-    from rlvr.rl.verifiers_v1 import episode_trajectory
+    from rlvr.integrations.verifiers_v1 import episode_trajectory
 
     def episode(message: str) -> SimpleNamespace:
         trace = SimpleNamespace(agent=SimpleNamespace(trainable=True, name="agent"), branches=[], rewards={},
@@ -259,8 +260,8 @@ def test_episodes_sample_from_a_running_rlvr_serve(served, service, tokenizer):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on the PATH (tests/rl/test_verifiers_v1_venv.py "
-                                                       "puts .venv-verifiers4's on it)")
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on the PATH "
+                    "(tests/integrations/test_verifiers_v1_venv.py puts .venv-verifiers4's on it)")
 def test_a_harness_that_is_a_uv_script_runs_in_the_subprocess_runtime(tokenizer, sampler):
     dataset = VerifiersV1Dataset("verifiers_v1_sums", tokenizer, groups_per_batch=1, group_size=2, harness="null")
     assert {h.config.id for h in dataset.env._harnesses.values()} == {"null"}  # verifiers' own chat program, via uv

@@ -16,7 +16,7 @@ SIGTERM or Ctrl-C stop a run cleanly (``stop.py``): the step in flight finishes 
 abandoned at once), the run is marked ``interrupted`` and the command that resumes it is printed; RunInterrupted is
 raised (``rlvr`` exits with 128 + the signal). A second Ctrl-C stops at once.
 
-What it is not: the loop itself (``rlvr.rl.loop``), evaluation of a saved model (``rlvr.rl.evaluation``), or
+What it is not: the loop itself (``rlvr.rl.loop``), evaluation of a saved model (``rlvr.app.evaluation``), or
 argument parsing (``rlvr.cli``).
 """
 
@@ -29,14 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlvr.app.progress import StepProgress, evaluation, make_console
+from rlvr.app.settings import TrainConfig, as_config, read_config_file, resolve_config
+from rlvr.app.sft import sft
+from rlvr.app.sources import build_source
+from rlvr.app.status import Stopped, running
 from rlvr.errors import ConfigurationError, RunInterrupted
 from rlvr.fileio import append_jsonl, write_atomic
 from rlvr.precision import base_precision
-from rlvr.rl.config import TrainConfig, as_config, read_config_file, resolve_config, save_config
-from rlvr.rl.progress import StepProgress, evaluation, make_console
-from rlvr.rl.sft import sft
-from rlvr.rl.sources import build_source
-from rlvr.rl.status import Stopped, running
+from rlvr.rl.config import save_config
 from rlvr.rl.stop import StopRequest
 
 __all__ = ["resume", "train"]
@@ -91,8 +92,8 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any
         raise ConfigurationError(f"{run_dir} is not a run folder (no config.yaml); `rlvr runs` lists the runs")
     values = read_config_file(saved)
     if "recipe" not in values:  # an `rlvr sft` run
-        from rlvr.rl.config import build_config, merge_layers, parse_overrides
-        from rlvr.rl.sft import SftConfig
+        from rlvr.app.settings import build_config, merge_layers, parse_overrides
+        from rlvr.app.sft import SftConfig
 
         merged = merge_layers(values, parse_overrides([*(overrides or []), "resume=true", f"out={run_dir}"]))
         return sft(build_config(merged, SftConfig), console=console or make_console())
@@ -179,10 +180,10 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
     """Supervised warm-up on the source's worked solutions, continued from ``warmed`` (its last checkpoint) when
     there is one; checkpointed every ``warmup.save_every`` steps, at the end and where a stop finds it (pruned as
     ``keep_checkpoints`` says). Returns the state RL starts from."""
+    from rlvr.app.sft import encode_pair, supervised_steps
     from rlvr.client import ServiceClient
     from rlvr.rl.auxiliary import AuxiliaryOutputs
     from rlvr.rl.checkpoints import WARMUP, last_checkpoint, own_checkpoints, prune_checkpoints, record_checkpoint
-    from rlvr.rl.sft import encode_pair, supervised_steps
     from rlvr.rl.tracking import drop_rows_from
 
     steps, log = config.warmup.steps, run_dir / "warmup.jsonl"

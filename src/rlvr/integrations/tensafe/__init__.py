@@ -2,9 +2,10 @@
 
 Such a script runs on rlvr by changing its imports to::
 
-    from rlvr.rl.tensafe import ServiceClient, TrainingConfig, LoRAConfig
-    from rlvr.rl.tensafe import MockRolloutSampler, PPO, PPOConfig, REINFORCE, REINFORCEConfig, TrajectoryBatch
-    from rlvr.rl.tensafe import register_reward, resolve_reward
+    from rlvr.integrations.tensafe import ServiceClient, TrainingConfig, LoRAConfig
+    from rlvr.integrations.tensafe import (MockRolloutSampler, PPO, PPOConfig, REINFORCE, REINFORCEConfig,
+                                           TrajectoryBatch)
+    from rlvr.integrations.tensafe import register_reward, resolve_reward
 
 The package holds the cookbook's algorithm objects (``algorithms.py``: REINFORCE, PPO, GRPO, ``update(batch,
 training_client)``) and PPO's learned critic (``critic.py``); this module adapts names and call shapes
@@ -23,8 +24,7 @@ from rlvr.client import LORA_ALPHA
 from rlvr.client import ServiceClient as RlvrServiceClient
 from rlvr.client import TrainingClient as RlvrTrainingClient
 from rlvr.errors import ConfigurationError
-from rlvr.rewards import register_reward, resolve_reward
-from rlvr.rl.tensafe.algorithms import (
+from rlvr.integrations.tensafe.algorithms import (
     GRPO,
     PPO,
     REINFORCE,
@@ -35,6 +35,7 @@ from rlvr.rl.tensafe.algorithms import (
     ScoredAnswer,
     TrajectoryBatch,
 )
+from rlvr.rewards import register_reward, resolve_reward
 
 Trajectory = ScoredAnswer
 """TenSafe's name for one scored answer (``ScoredAnswer``; rlvr's own ``envs.Trajectory`` is an episode's turns)."""

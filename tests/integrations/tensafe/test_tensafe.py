@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.errors import ConfigurationError
-from rlvr.rl.tensafe import LoRAConfig, ServiceClient, TrainingConfig
+from rlvr.integrations.tensafe import LoRAConfig, ServiceClient, TrainingConfig
 
 SEEDS = Path(__file__).resolve().parents[4] / "shared" / "seeds"
 
@@ -26,8 +26,8 @@ def complete_script() -> str:
 @pytest.mark.slow
 def test_complete_script_runs_with_imports_changed(tmp_path, monkeypatch):
     script = complete_script()
-    script = script.replace("from tg_tinker import", "from rlvr.rl.tensafe import")
-    script = script.replace("from tensafe.rlvr import", "from rlvr.rl.tensafe import")
+    script = script.replace("from tg_tinker import", "from rlvr.integrations.tensafe import")
+    script = script.replace("from tensafe.rlvr import", "from rlvr.integrations.tensafe import")
     script = script.replace('"meta-llama/Llama-3-8B"', '"tiny"')  # no hub here: the one non-import change
     assert "tg_tinker" not in script and "tensafe.rlvr" not in script
     printed = []

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlvr.app.progress import StepProgress
+from rlvr.app.settings import as_config
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
 from rlvr.fileio import jsonl_line, write_atomic
-from rlvr.rl.config import as_config
-from rlvr.rl.progress import StepProgress
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -55,9 +55,9 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
     writes per-problem records to ``out`` (JSONL). ``console`` (a rich Console): shows the problems answered so far,
     with the rate and ETA (``progress.py``); None: quiet."""
     from rlvr import types
+    from rlvr.app.sources import build_source
     from rlvr.client import ServiceClient
     from rlvr.rewards import RewardItem, RewardRunner
-    from rlvr.rl.sources import build_source
 
     if num_samples < 1:
         raise ConfigurationError(f"num_samples={num_samples}: must be >= 1")

@@ -31,8 +31,8 @@ than ``"auto"`` or ``"none"``, a tool name OpenAI would not take: the run stops 
 it), held-out evaluation of the env's ``eval_dataset``. verifiers 0.4 has no classic API: its v1 tasksets train
 through ``verifiers_v1.py``.
 
-Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which DESIGN.md's arrows allow (``rl/`` must
-not import torch or ``rlvr.engine``); it does so inside functions, so importing ``rlvr.rl`` never needs fastapi.
+Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which DESIGN.md's arrows allow (the RL layer
+must not import torch or ``rlvr.engine``); it does so inside functions, so importing it never needs fastapi.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def import_verifiers() -> Any:
     except (AttributeError, ImportError) as exc:
         raise ConfigurationError(
             f"verifiers {getattr(verifiers, '__version__', '?')} has no classic Environment API (0.4 moved to "
-            f"verifiers.v1 tasksets, which train with rlvr.rl.verifiers_v1.VerifiersV1Dataset); for classic "
+            f"verifiers.v1 tasksets, which train with rlvr.integrations.verifiers_v1.VerifiersV1Dataset); for classic "
             f"environments: {INSTALL}"
         ) from exc
     return verifiers

@@ -1,4 +1,4 @@
-"""rl/progress.py: off a terminal, a step phase prints its start, a line at least ``every_s`` apart and its last step,
+"""app/progress.py: off a terminal, a step phase prints its start, a line at least ``every_s`` apart and its last step,
 with seconds per step and ETA from the steps this process ran (the first step's one-off work left out, or said);
 evaluations show the problems answered; on a terminal it draws bars and prints no lines; off a terminal nothing is
 wrapped."""
@@ -9,7 +9,7 @@ import io
 
 from rich.console import Console
 
-from rlvr.rl.progress import StepProgress, make_console
+from rlvr.app.progress import StepProgress, make_console
 
 
 class Clock:

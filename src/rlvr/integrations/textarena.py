@@ -49,7 +49,7 @@ opponent's move as text (``"[4]"``)."""
 OPPONENT_MOVES = 64
 """Moves the opponent may make in a row (invalid ones included) before the game is declared stuck."""
 
-LIST_GAMES = "python -c 'import rlvr.rl.textarena as t; print(t.list_games())'"
+LIST_GAMES = "python -c 'import rlvr.integrations.textarena as t; print(t.list_games())'"
 
 
 def random_tictactoe(game_state: dict[str, Any], rng: random.Random) -> str:

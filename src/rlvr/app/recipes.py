@@ -74,7 +74,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "loss_fn_config": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, "eval_problems": 32,
         "task": {"test_fraction": 0.5},
     },
-    # A textarena two-player game against a random legal-move opponent (rl/textarena.py), the outcome for the
+    # A textarena two-player game against a random legal-move opponent (integrations/textarena.py), the outcome for the
     # model's seat as the reward (win 1, draw 0, loss -1). problems_per_step = games per step (each group_size
     # times with one seed), eval_problems = held-out games; task: env_id, seat (0, 1 or null: alternate),
     # instruction (after the game's first message). SmolLM2 names a valid TicTacToe cell in about a quarter of its

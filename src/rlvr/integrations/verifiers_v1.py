@@ -94,7 +94,7 @@ def import_verifiers_v1() -> Any:
     except ImportError as exc:
         raise ConfigurationError(
             f"verifiers {version} is not 0.4: its v1 tasksets need verifiers>=0.4 ({INSTALL}); verifiers 0.3.x's "
-            "classic environments train with rlvr.rl.verifiers_env.VerifiersDataset") from exc
+            "classic environments train with rlvr.integrations.verifiers_env.VerifiersDataset") from exc
     _register_chat_harness()
     return vf
 
@@ -104,7 +104,7 @@ def _register_chat_harness() -> None:
     import importlib
     import sys
 
-    sys.modules.setdefault(CHAT_HARNESS, importlib.import_module("rlvr.rl.verifiers_v1_harness"))
+    sys.modules.setdefault(CHAT_HARNESS, importlib.import_module("rlvr.integrations.verifiers_v1_harness"))
 
 
 # -- an episode as a trajectory ---------------------------------------------------------------------------------------

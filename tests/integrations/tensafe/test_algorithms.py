@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.errors import ConfigurationError
-from rlvr.rl.tensafe.algorithms import (
+from rlvr.integrations.tensafe.algorithms import (
     GRPO,
     PPO,
     REINFORCE,

@@ -5,9 +5,9 @@ import json
 import pytest
 
 import rlvr
+from rlvr.app.sft import SftConfig, encode_pair, read_pairs, supervised_steps
 from rlvr.errors import ConfigurationError
 from rlvr.rl.datums import sft_datum
-from rlvr.rl.sft import SftConfig, encode_pair, read_pairs, supervised_steps
 
 
 def test_sft_datum_weights_only_the_completion():
@@ -50,7 +50,7 @@ def test_read_pairs_names_the_bad_record(tmp_path):
 def test_sft_returns_a_loadable_state(tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}?", "completion": f"{i}!"}) + "\n" for i in range(4)))
-    from rlvr.rl.sft import sft
+    from rlvr.app.sft import sft
 
     state = sft(SftConfig(data=str(path), base_model="tiny", rank=4, steps=2, batch_size=2, out=str(tmp_path / "o")))
     assert rlvr.ServiceClient().create_training_client_from_state(state).get_info().model_name

@@ -1,7 +1,7 @@
-"""verifiers environments in rlvr's loop (rl/verifiers_env.py): rollouts sampled through the in-process OpenAI endpoint
-keep the sampled tokens and logprobs, the rubric's reward trains the tiny model and reaches metrics.jsonl, multi-turn
-envs play their turns, tool envs call their tools (tiny's first turn scripted to call one) and train only the model's
-tokens, and a reward function that raises or hangs is a counted failure, never a quiet 0."""
+"""verifiers environments in rlvr's loop (integrations/verifiers_env.py): rollouts sampled through the in-process
+OpenAI endpoint keep the sampled tokens and logprobs, the rubric's reward trains the tiny model and reaches
+metrics.jsonl, multi-turn envs play their turns, tool envs call their tools (tiny's first turn scripted to call one)
+and train only the model's tokens, and a reward function that raises or hangs is a counted failure, never a quiet 0."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from datasets import Dataset  # noqa: E402  (verifiers brings datasets)
 from rlvr import types  # noqa: E402
 from rlvr.engine.models.tiny import build_tiny_tokenizer  # noqa: E402
 from rlvr.errors import ConfigurationError, RewardError, SamplingError  # noqa: E402
+from rlvr.integrations.verifiers_env import VerifiersDataset, load_verifiers_env  # noqa: E402
 from rlvr.rl import LoopConfig, train  # noqa: E402
 from rlvr.rl.envs import trajectory_datums  # noqa: E402
-from rlvr.rl.verifiers_env import VerifiersDataset, load_verifiers_env  # noqa: E402
 
 PARAMS = types.SamplingParams(max_tokens=6, temperature=1.0, seed=0)
 ROWS = [{"question": f"Say {w}.", "answer": w} for w in "abcdefgh"]

@@ -7,8 +7,11 @@ import sys
 import pytest
 import yaml
 
+from rlvr.app.recipes import RECIPES
+from rlvr.app.settings import TrainConfig, options, parse_overrides, resolve_config
 from rlvr.errors import ConfigurationError
-from rlvr.rl.config import PRECISIONS, RECIPES, TrainConfig, options, parse_overrides, resolve_config, save_config
+from rlvr.precision import PRECISIONS
+from rlvr.rl.config import save_config
 
 
 def test_precedence_defaults_recipe_file_overrides(tmp_path):

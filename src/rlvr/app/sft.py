@@ -130,9 +130,10 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
     import contextlib
     import shlex
 
-    from rlvr.rl.config import build_config, save_config
-    from rlvr.rl.progress import StepProgress, make_console
-    from rlvr.rl.status import Stopped, running
+    from rlvr.app.progress import StepProgress, make_console
+    from rlvr.app.settings import build_config
+    from rlvr.app.status import Stopped, running
+    from rlvr.rl.config import save_config
 
     if not isinstance(config, SftConfig):
         config = build_config(dict(config), SftConfig)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from rlvr.rl.tensafe.critic import LinearCritic
+from rlvr.integrations.tensafe.critic import LinearCritic
 
 
 def test_features_by_hand():

@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 import rlvr
+from rlvr.app.evaluation import pass_at_k
+from rlvr.app.settings import resolve_config
+from rlvr.app.sources import build_source
 from rlvr.errors import ConfigurationError
 from rlvr.fileio import read_jsonl
-from rlvr.rl.config import resolve_config
-from rlvr.rl.evaluation import pass_at_k
-from rlvr.rl.sources import build_source
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -149,8 +149,8 @@ def test_python_api_with_warm_up(tmp_path):
     """rpn on tiny: the supervised warm-up lowers its loss, then RL starts from the warmed-up weights. The summary's
     baseline is the base model's held-out evaluation (before the warm-up), ``after_warmup`` the warmed-up model's:
     each equals a separate ``evaluate`` of that model on the same problems."""
+    from rlvr.app.evaluation import evaluate
     from rlvr.rl.checkpoints import WARMUP, last_checkpoint
-    from rlvr.rl.evaluation import evaluate
 
     run = tmp_path / "rpn"
     settings = {"recipe": "rpn", "steps": 1, "problems_per_step": 2, "group_size": 4, "eval_problems": 8,
@@ -186,7 +186,7 @@ def test_python_api_with_warm_up(tmp_path):
 
 
 def test_resume_is_exported_and_continues_a_run_as_documented(tmp_path):
-    """rl/run.py's docstring: ``rlvr.resume(run_dir, overrides=["steps=N"])`` trains a saved run further."""
+    """app/run.py's docstring: ``rlvr.resume(run_dir, overrides=["steps=N"])`` trains a saved run further."""
     from rich.console import Console
 
     assert "resume" in rlvr.__all__

@@ -8,8 +8,8 @@ import pytest
 from rlvr import types
 from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError
+from rlvr.integrations.refine import CodeRefineEnv, CodeRefineGroupBuilder, code_refine_dataset
 from rlvr.rl.envs import rollout_groups, trajectory_datums
-from rlvr.rl.refine import CodeRefineEnv, CodeRefineGroupBuilder, code_refine_dataset
 from rlvr.sandbox import Sandbox
 from rlvr.tasks import MbppSource
 from rlvr.tasks.arithmetic import ArithmeticSource

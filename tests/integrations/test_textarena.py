@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("textarena")
 
+from rlvr.app.settings import resolve_config
+from rlvr.app.sources import build_source
 from rlvr.engine.models.tiny import build_tiny_tokenizer
 from rlvr.errors import ConfigurationError, RewardError
-from rlvr.rl.config import resolve_config
-from rlvr.rl.sources import build_source
-from rlvr.rl.textarena import TextArenaDataset, TextArenaEnv
+from rlvr.integrations.textarena import TextArenaDataset, TextArenaEnv
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +135,8 @@ def test_a_game_that_raises_is_a_reward_error_naming_it(tokenizer):
 def test_the_recipe_trains_tiny_with_the_outcome_as_reward(tmp_path):
     from rich.console import Console
 
-    from rlvr.rl.evaluation import evaluate
-    from rlvr.rl.run import train
+    from rlvr.app.evaluation import evaluate
+    from rlvr.app.run import train
 
     # Nim: its conversation stays within tiny's 1,024-byte context for 3 turns (TicTacToe's passes it in 3)
     settings = {"recipe": "textarena", "task": {"env_id": "Nim-v0"}, "base_model": "tiny", "steps": 2,
