@@ -87,6 +87,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import BENCH_MODELS, bench_model, load_average, machine, positive_int, progress_bar, write_json
 
+from rlvr.rewards import Reward
+
 MARK = "@@rl_step "
 """Prefix of the lines a worker writes for the parent (JSON after it); everything else goes to the log."""
 TARGET_MODULES = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -137,10 +139,11 @@ class Settings:
     rewards, rlvr would drop them all and train nothing while TRL trains on them anyway."""
 
 
-class Alternating:
+class Alternating(Reward):
     """A reward of 1 for every other response this process scores and 0 for the rest: groups of mixed rewards
     whatever the answers say, so that both systems train every datum (rlvr's reward workers are forked, each
-    counting on its own, which still mixes every group they score)."""
+    counting on its own, which still mixes every group they score). A run of any recipe on random weights takes it
+    as ``reward=bench.rl_step:Alternating`` with the repository on ``PYTHONPATH``, so that its step trains."""
 
     name = "alternating"
 
