@@ -201,3 +201,23 @@ def test_a_dead_trainer_is_a_worker_lost_error_that_says_to_resume(runs):
     ray.kill(training_client.service.trainer)
     with pytest.raises(WorkerLostError, match=r"resume from the last checkpoint \(resume=True\)"):
         training_client.forward_backward([datum], "cross_entropy").result()
+
+
+def test_an_env_dataset_trains_through_ray_without_reward_actors(ray_cluster, tmp_path, monkeypatch):
+    # the loop's env path on Ray's trainer and sampler: the envs (here a problem source's one-turn envs) play and
+    # score in this process, so no reward actor starts; the sampler replica samples the trainer's weights
+    import rlvr.distributed.rewards
+    from rlvr.engine.models.tiny import build_tiny_tokenizer
+    from rlvr.rl.envs import ProblemDataset
+
+    def no_runner(*args, **kwargs):
+        raise AssertionError("reward actors started for envs that score themselves")
+
+    monkeypatch.setattr(rlvr.distributed.rewards, "RayRewardRunner", no_runner)
+    dataset = ProblemDataset(source(), build_tiny_tokenizer(), problems_per_batch=2, group_size=4)
+    train(config(tmp_path / "run", steps=2, kl_penalty_coef=0.0,
+                 distributed=DistributedConfig(backend="ray", num_samplers=1, num_reward_workers=2)), dataset)
+    rows = metrics_of(tmp_path / "run")
+    assert [row["step"] for row in rows] == [0, 1]
+    assert all(row["env/all/reward/scored:sum"] == 8 and row["train/datums"] > 0 for row in rows)
+    assert all(abs(row["optim/kl_sample_train_v1"]) < 1e-3 for row in rows)  # fresh weights on the replica

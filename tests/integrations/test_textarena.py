@@ -154,3 +154,18 @@ def test_the_recipe_trains_tiny_with_the_outcome_as_reward(tmp_path):
     assert set(result["summary"]["after"]) >= {"test/reward/mean", "test/correct", "test/turns"}
     scored = evaluate(dict(settings, out=str(tmp_path / "eval")), problems=1)
     assert scored["problems"] == 1 and -1.0 <= scored["test/reward/mean"] <= 1.0
+
+
+def test_the_loop_streams_a_batch_of_games_in_parts_off_policy(tmp_path):
+    # an env dataset's batch in two parts (one group of games each), played one after another a step ahead of
+    # training: every game of every step is played and scored, each batch one update old after the first
+    from rlvr.rl import LoopConfig
+    from rlvr.rl import train as train_loop
+
+    dataset = TextArenaDataset("Nim-v0", games_per_batch=2, group_size=2, num_batches=3, test_games=0)
+    config = LoopConfig(base_model="tiny", rank=4, steps=3, max_tokens=4, max_turns=3, stream_minibatches=2,
+                        max_steps_off_policy=1, save_every=0, out=str(tmp_path / "run"))
+    train_loop(config, dataset)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["async/steps_off_policy"] for row in rows] == [0, 1, 1]
+    assert all(row["env/all/reward/scored:sum"] == 4 for row in rows)  # 2 groups x 2 games, both parts

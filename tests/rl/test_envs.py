@@ -328,11 +328,94 @@ def test_an_env_dataset_with_held_out_groups_is_evaluated(tmp_path):
 
 def test_what_the_loop_cannot_do_with_envs_is_refused_up_front(tmp_path):
     tokenizer = build_tiny_tokenizer()
-    with pytest.raises(ConfigurationError, match="curriculum"):
+    with pytest.raises(ConfigurationError, match="curriculum: RefineDataset does not grade its groups"):
         train(loop_config(tmp_path, curriculum={0: 1}), RefineDataset(tokenizer))
     with pytest.raises(ConfigurationError, match="no batches"):
         train(loop_config(tmp_path), RefineDataset(tokenizer, batches=0))
-    with pytest.raises(ConfigurationError, match="stream_minibatches applies to problem sources"):
-        train(loop_config(tmp_path, stream_minibatches=1), RefineDataset(tokenizer))
+    with pytest.raises(ConfigurationError, match="stream_minibatches=3, but a batch of RefineDataset holds 2 groups"):
+        train(loop_config(tmp_path, stream_minibatches=3), RefineDataset(tokenizer))
     with pytest.raises(ConfigurationError, match="max_turns"):
         loop_config(tmp_path, max_turns=0)
+
+
+# -- curriculum and streaming on an env dataset ------------------------------------------------------------------------
+
+class GradedDataset(RLDataset):
+    """Batches of two groups of the two-turn env from a pool of graded prompts ("D<difficulty>#<position>:"); a
+    curriculum stage keeps the prompts no harder than its bound."""
+
+    def __init__(self, tokenizer, difficulties=(1, 2, 3) * 4) -> None:
+        self.tokenizer, self.difficulties = tokenizer, list(difficulties)
+
+    def __len__(self):
+        return len(self.difficulties) // 2
+
+    def get_batch(self, index):
+        return [RefineGroup(self.tokenizer, f"D{self.difficulties[i]}#{i}:", 4) for i in (2 * index, 2 * index + 1)]
+
+    def stage(self, max_difficulty):
+        return GradedDataset(self.tokenizer, [d for d in self.difficulties if d <= max_difficulty])
+
+
+def played_prompts(path, step):
+    """The first observations the loop played at ``step``, from its rollout log."""
+    lines = (path / "run" / "rollouts" / f"step-{step:06d}.jsonl").read_text().splitlines()
+    return {json.loads(line)["prompt"] for line in lines if line}
+
+
+def test_a_curriculum_narrows_an_env_dataset_stage_by_stage(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    train(loop_config(tmp_path, steps=4, curriculum={0: 1, 2: 2}), GradedDataset(tokenizer))
+    assert [m["curriculum/max_difficulty"] for m in loop_metrics(tmp_path)] == [1, 1, 2, 2]
+    stage_1 = played_prompts(tmp_path, 0) | played_prompts(tmp_path, 1)
+    stage_2 = played_prompts(tmp_path, 2) | played_prompts(tmp_path, 3)
+    assert stage_1 == {"D1#0:", "D1#1:", "D1#2:", "D1#3:"}  # the four difficulty-1 prompts, two batches of two
+    assert stage_2 == {"D1#4:", "D2#5:", "D1#6:", "D2#7:"}  # batches 2 and 3 of the eight prompts of difficulty <= 2
+    with pytest.raises(ConfigurationError, match="curriculum: GradedDataset"):  # a stage with no batch, up front
+        train(loop_config(tmp_path / "none", curriculum={0: 0}), GradedDataset(tokenizer))
+
+
+def test_a_problem_dataset_narrows_by_its_problems_difficulty(service):
+    tokenizer = service.create_lora_training_client(base_model="tiny", rank=4, seed=5).get_tokenizer()
+
+    class GradedEcho(Echo):
+        def load(self, split):
+            return [Problem(id=f"echo/{i}", question=f"Say {i}.", answer=str(i), difficulty=i % 3) for i in range(9)]
+
+    dataset = ProblemDataset(GradedEcho(), tokenizer, problems_per_batch=2, group_size=3, seed=4)
+    easy = dataset.stage(1)
+    assert [p.id for p in easy.problems] == [p.id for p in dataset.problems if p.difficulty <= 1]  # order kept
+    assert len(easy) == 3 and len(dataset) == 4
+    assert {b.problem.difficulty for i in range(len(easy)) for b in easy.get_batch(i)} <= {0, 1}
+    with pytest.raises(ConfigurationError, match="fewer than a batch of 4; the problems' difficulties are"):
+        ProblemDataset(GradedEcho(), tokenizer, problems_per_batch=4, group_size=3).stage(0)
+
+
+def test_an_env_batch_streams_in_parts_each_trained_as_it_comes(tmp_path, monkeypatch):
+    # stream_minibatches=2: the batch's two groups play as two parts, one after the other, each trained on (its own
+    # forward_backward) when it is in; the step's metrics and rollout log cover both.
+    import rlvr.rl.loop as loop
+
+    sent = []
+    send = loop.send_minibatch
+    monkeypatch.setattr(loop, "send_minibatch", lambda run, work, datums, masks: (
+        sent.append((work.step, len(datums))), send(run, work, datums, masks))[1])
+    tokenizer = build_tiny_tokenizer()
+    train(loop_config(tmp_path, steps=2, stream_minibatches=2), RefineDataset(tokenizer))
+    assert [step for step, n in sent] == [0, 0, 1, 1], sent
+    assert all(n <= 4 for _, n in sent) and sum(n for _, n in sent) > 4, sent  # a part: one group's four episodes
+    metrics = loop_metrics(tmp_path)
+    assert all(m["env/all/reward/scored:sum"] == 8 and m["env/all/turns"] == 2 for m in metrics)
+    assert abs(metrics[0]["optim/kl_sample_train_v1"]) < 1e-3  # both parts sampled with the step's weights
+    records = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step-000001.jsonl").read_text()
+               .splitlines() if line]
+    assert {r["problem_id"] for r in records} == {"RefineGroup[0]", "RefineGroup[1]"}
+    assert {r["prompt"] for r in records} == {"Q1.0:", "Q1.1:"}
+
+
+def test_an_env_batch_streams_off_policy(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    train(loop_config(tmp_path, steps=3, stream_minibatches=2, max_steps_off_policy=1), RefineDataset(tokenizer))
+    metrics = loop_metrics(tmp_path)
+    assert [m["async/steps_off_policy"] for m in metrics] == [0, 1, 1]
+    assert all(m["env/all/reward/scored:sum"] == 8 for m in metrics)

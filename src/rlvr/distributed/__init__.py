@@ -65,20 +65,23 @@ class Placement(Protocol):
     vllm_options: dict
 
 
-def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: float = 10.0,
-                seed: int | None = None, precision: str | None = None) -> tuple[RayServiceClient, RayRewardRunner]:
+def ray_backend(config: Placement, reward: str | Reward | RewardFn | None, *, timeout: float = 10.0,
+                seed: int | None = None, precision: str | None = None
+                ) -> tuple[RayServiceClient, RayRewardRunner | None]:
     """Start the actors ``config`` (a ``DistributedConfig``) asks for; return ``(service, runner)`` for the loop.
 
     ``reward`` is what the runner scores with (it must survive cloudpickle: ConfigurationError otherwise, before
-    any model actor starts), ``timeout`` the seconds per reward call, ``seed`` seeds requests that bring no seed,
-    ``precision`` what the rlvr actors' engines multiply frozen base weights in (``packed.base_precision``).
+    any model actor starts; None: no reward actors and no runner, for envs that score themselves), ``timeout``
+    the seconds per reward call, ``seed`` seeds requests that bring no seed, ``precision`` what the rlvr actors'
+    engines multiply frozen base weights in (``packed.base_precision``).
     Connects to ``config.address`` unless this process is already connected to Ray.
     """
     from rlvr.distributed.rewards import RayRewardRunner
 
     ray = connect(config.address)
     tag = uuid.uuid4().hex[:8]
-    runner = RayRewardRunner(reward, timeout=timeout, num_workers=config.num_reward_workers, name=f"rlvr-{tag}")
+    runner = (None if reward is None else
+              RayRewardRunner(reward, timeout=timeout, num_workers=config.num_reward_workers, name=f"rlvr-{tag}"))
     from rlvr.distributed.actors import SamplerActor, TrainerActor
     from rlvr.distributed.clients import RayServiceClient
 
@@ -98,11 +101,13 @@ def ray_backend(config: Placement, reward: str | Reward | RewardFn, *, timeout: 
         samplers = [ray.remote(SamplerActor).options(name=f"rlvr-{tag}-sampler-{i}", **sampler_options)
                     .remote(i, share, precision) for i in range(config.num_samplers)]
     try:
-        runner.start()  # the reward actors start while the model actors import torch
         service = RayServiceClient(trainer, samplers, seed=seed)
-        service.runners.append(runner)
+        if runner is not None:
+            runner.start()  # the reward actors start while the model actors import torch
+            service.runners.append(runner)
     except BaseException:
-        runner.close()
+        if runner is not None:
+            runner.close()
         for handle in [trainer, *samplers]:
             ray.kill(handle, no_restart=True)
         raise

@@ -82,7 +82,7 @@ class LoopConfig:
     """Divide centred advantages by the group's reward std."""
     curriculum: dict[int, float] = field(default_factory=dict)
     """Difficulty schedule {from_step: max_difficulty}, e.g. {0: 1, 10: 2}: train only on problems that easy from
-    that step on (empty: all problems)."""
+    that step on (empty: all problems). An env dataset narrows itself (``RLDataset.stage``)."""
     # Optimisation
     loss_fn: str = "importance_sampling"
     """Built-in loss: importance_sampling, ppo, cispo, dro."""
@@ -93,10 +93,10 @@ class LoopConfig:
     num_substeps: int = 1
     """Optimizer steps per batch; the datums are split into this many minibatches."""
     stream_minibatches: int = 0
-    """Streaming (0 = off): the step's problems are split into this many minibatches, and each is trained on (its
-    forward_backward sent) as soon as its groups are sampled and scored, while later ones still sample; an
-    optim_step follows every ``stream_minibatches / num_substeps`` of them. With ``num_substeps=1`` the update
-    equals the synchronous one. Problem sources only."""
+    """Streaming (0 = off): the step's groups are split into this many minibatches (at most one group each), and
+    each is trained on (its forward_backward sent) as soon as its groups are sampled and scored, while later ones
+    still sample (an env dataset's parts play one after another); an optim_step follows every
+    ``stream_minibatches / num_substeps`` of them. With ``num_substeps=1`` the update equals the synchronous one."""
     max_steps_off_policy: int = 0
     """Asynchronous off-policy sampling (0 = synchronous): the rollouts of this many later steps are in flight, each
     sampled with the weights of the step that started it, while the current step trains; a batch is at most this
@@ -161,10 +161,9 @@ class LoopConfig:
             raise ConfigurationError(f"max_steps_off_policy={self.max_steps_off_policy}: must be >= 0 "
                                      "(0 = synchronous)")
         streams = self.stream_minibatches
-        if streams and not (0 < streams <= self.problems_per_step and streams % self.num_substeps == 0):
-            raise ConfigurationError(f"stream_minibatches={self.stream_minibatches}: must be 0 (off) or at most "
-                                     f"problems_per_step={self.problems_per_step} and a multiple of num_substeps="
-                                     f"{self.num_substeps}")
+        if streams and not (streams > 0 and streams % self.num_substeps == 0):  # at most the groups of a step:
+            raise ConfigurationError(f"stream_minibatches={self.stream_minibatches}: must be 0 (off) or a "
+                                     f"multiple of num_substeps={self.num_substeps}")  # checked by the rollouts
         if self.curriculum and (min(self.curriculum) != 0 or any(int(s) != s for s in self.curriculum)):
             raise ConfigurationError(f"curriculum={self.curriculum}: keys are the steps each stage starts at, "
                                      "integers, the first 0 (e.g. {0: 1, 10: 2})")

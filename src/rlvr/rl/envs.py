@@ -16,6 +16,7 @@ naming the env, the group and the turn. Not here: the training loop that takes a
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from abc import ABC, abstractmethod
@@ -27,7 +28,7 @@ from rlvr import types
 from rlvr.errors import ConfigurationError, ContextFullError, RewardError
 from rlvr.rl.advantages import entropy_shaped
 from rlvr.rl.datums import masked_datum
-from rlvr.tasks.base import Problem, ProblemSource, render_messages
+from rlvr.tasks.base import Problem, ProblemSource, render_messages, select
 
 
 @dataclass
@@ -126,6 +127,14 @@ class RLDataset(ABC):
         """Called by the loop with the trained model's tokenizer before it asks for any batch. A dataset made
         before the model loads (a recipe's) renders its envs with it; one given its tokenizer already ignores it."""
         del tokenizer  # by default the dataset was given its tokenizer when made
+
+    def stage(self, max_difficulty: float) -> RLDataset:
+        """This dataset narrowed to the groups no harder than ``max_difficulty``: a stage of the loop's curriculum
+        (``LoopConfig.curriculum``). A dataset that does not grade its groups refuses; ``ProblemDataset`` narrows by
+        its problems' difficulty."""
+        raise ConfigurationError(f"curriculum: {type(self).__name__} does not grade its groups by difficulty; give it "
+                                 "a stage(max_difficulty) method that returns the dataset narrowed to the groups no "
+                                 "harder than that (as ProblemDataset does), or leave curriculum unset")
 
     def rollout(self, sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                 max_turns: int, seed: int | None, timing: dict[str, float]) -> list[TrajectoryGroup]:
@@ -338,3 +347,13 @@ class ProblemDataset(RLDataset):
 
     def test_groups(self) -> list[EnvGroupBuilder]:
         return [self.make_group(p, 1) for p in self.held_out]  # greedy: one episode per problem says it all
+
+    def stage(self, max_difficulty: float) -> ProblemDataset:
+        narrowed = copy.copy(self)
+        narrowed.problems = select(self.problems, max_difficulty=max_difficulty)  # in the shuffled order
+        if len(narrowed) < 1:
+            known = sorted({p.difficulty for p in self.problems if p.difficulty is not None})
+            raise ConfigurationError(f"curriculum: {len(narrowed.problems)} training problems have difficulty <= "
+                                     f"{max_difficulty}, fewer than a batch of {self.problems_per_batch}; the "
+                                     f"problems' difficulties are {known or 'not set'}")
+        return narrowed

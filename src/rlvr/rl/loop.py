@@ -7,7 +7,7 @@ One function per mode, each a ``for step`` that reads top to bottom as the phase
 - :func:`train_sync` (the default): sample this step's groups with the current weights, score them, train.
 - :func:`train_streamed` (``stream_minibatches``): the step's problems in parts, each trained on (its
   ``forward_backward`` sent) as soon as it is scored while later parts still sample. With ``num_substeps=1`` the
-  update equals the synchronous one. Problem sources only.
+  update equals the synchronous one. An env dataset's parts play one after another.
 - :func:`train_off_policy` (``max_steps_off_policy``): later steps' rollouts stay in flight, sampled with the
   weights of the step that started them, while the current step trains; each batch is at most that many updates
   old (the importance-sampling losses correct for it). Combined with ``stream_minibatches``, a batch trains part
@@ -18,7 +18,8 @@ after, and runs the mode the config asks for. The loops drive only the client AP
 in-process engine, a server or Ray. With an env dataset (``envs.RLDataset``) each group is played turn by turn and
 the envs score themselves; its ``test_groups`` are the held-out evaluation.
 
-A curriculum (``LoopConfig.curriculum``) narrows each step's problems to a difficulty stage. Truncated importance
+A curriculum (``LoopConfig.curriculum``) narrows each step's problems (or an env dataset, ``RLDataset.stage``) to
+a difficulty stage. Truncated importance
 weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``). The algorithm objects of the
 TenSafe cookbook live in ``integrations/tensafe``, the rollout pages in ``rollout_log.py``.
 """

@@ -43,7 +43,7 @@ from rlvr.rl.config import LoopConfig, recorded_precision, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
 from rlvr.rl.rollout_log import RolloutLog
-from rlvr.rl.rollouts import EnvRollouts, ProblemRollouts, Rollout, Rollouts, check_env_dataset
+from rlvr.rl.rollouts import EnvRollouts, ProblemRollouts, Rollout, Rollouts, check_source
 from rlvr.rl.stop import StopRequest
 from rlvr.rl.tracking import Trackers, open_trackers
 from rlvr.tasks.base import ProblemSource
@@ -126,8 +126,7 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     """A fresh training client, or the last checkpoint's state and loop RNG when ``config.resume``, whose checkpoints
     the run folder holds; closes the reward workers, trackers and env threads it opened when the block ends."""
     stop = stop or StopRequest()
-    if isinstance(source, RLDataset):
-        check_env_dataset(config, source)  # before any work
+    check_source(config, source)  # before any work
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     precision = _precision(config, run_dir)
@@ -375,16 +374,16 @@ def _precision(config: LoopConfig, run_dir: Path) -> str:
 def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: str) -> tuple[Any, Any]:
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (envs score
     themselves: no runner). Their engines multiply in ``precision``."""
-    if isinstance(source, RLDataset):
-        return ServiceClient(precision=precision), None
+    reward = None if isinstance(source, RLDataset) else source.reward()
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
         if config.distributed.sampler == "vllm":
             check_vllm_arithmetic(config, precision)
-        return ray_backend(config.distributed, source.reward(), timeout=config.reward_timeout, seed=config.seed,
+        return ray_backend(config.distributed, reward, timeout=config.reward_timeout, seed=config.seed,
                            precision=precision)
-    return ServiceClient(precision=precision), RewardRunner(source.reward(), timeout=config.reward_timeout)
+    return (ServiceClient(precision=precision),
+            None if reward is None else RewardRunner(reward, timeout=config.reward_timeout))
 
 
 def check_vllm_arithmetic(config: LoopConfig, precision: str) -> None:

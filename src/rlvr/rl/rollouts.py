@@ -11,8 +11,12 @@ waiting (split into ``parts`` when the loop streams minibatches), ``collect`` wa
 - :class:`ProblemRollouts`: ``problems_per_step`` problems of a ``ProblemSource`` per step (the curriculum stage
   of the step narrows them), ``group_size`` answers each, scored in killable reward workers: a reward that hangs
   or raises is counted and its trajectory carries NaN, never a silent 0.
-- :class:`EnvRollouts`: a batch of an ``envs.RLDataset`` per step, played turn by turn in a thread (so later steps'
-  envs can play while the loop trains); the envs score themselves.
+- :class:`EnvRollouts`: a batch of an ``envs.RLDataset`` per step (of the curriculum stage's dataset,
+  ``RLDataset.stage``), played turn by turn in a thread (so later steps' envs, or a streamed batch's later parts,
+  play while the loop trains); the envs score themselves.
+
+The two are to become one (``docs/rollouts.md``): a problem source as an env dataset whose one-turn envs are scored
+by the reward workers.
 
 Not here: advantages and datums (``advantages.py``, ``datums.py``, ``envs.trajectory_datums``), training.
 """
@@ -21,11 +25,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rlvr import types
@@ -36,8 +41,8 @@ from rlvr.rl.config import LoopConfig
 from rlvr.rl.envs import RLDataset, Trajectory, Transition, evaluate_envs, sample_together
 from rlvr.tasks.base import Problem, ProblemSource, select
 
-__all__ = ["EnvRollouts", "ProblemRollouts", "Rollout", "Rollouts", "check_env_dataset", "curriculum_problems",
-           "evaluate_problems"]
+__all__ = ["EnvRollouts", "ProblemRollouts", "Rollout", "Rollouts", "check_env_dataset", "check_source",
+           "curriculum_problems", "evaluate_problems"]
 
 
 @dataclass
@@ -56,8 +61,6 @@ class Rollout:
     """Seconds spent scoring (for envs: in their ``step`` calls)."""
     scores: BatchScores | None = None
     """Problem rollouts: the reward runner's scores, one per answer in group order."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Env rollouts: their ``env/all/...`` metrics."""
 
 
 class Rollouts(ABC):
@@ -234,48 +237,59 @@ def _reward(score: float | None) -> float:
 
 
 class EnvRollouts(Rollouts):
-    """A batch of an env dataset per step, played in a thread (batches in step order); the envs score themselves."""
+    """A batch of an env dataset per step (of its curriculum stage's dataset, with a curriculum), played in a thread:
+    batches in step order and, when streaming, a batch's parts one after another (part k+1 plays while the loop
+    trains on part k); the envs score themselves."""
 
     def __init__(self, dataset: RLDataset, tokenizer: Any, config: LoopConfig) -> None:
         check_env_dataset(config, dataset)
         dataset.bind_tokenizer(tokenizer)
         self.dataset, self.tokenizer, self.config = dataset, tokenizer, config
+        # every stage made now, so a dataset that cannot narrow (or a stage with no batch) is refused before any work
+        self.stages = {step: dataset.stage(bound) for step, bound in sorted(config.curriculum.items())}
+        for step, stage in self.stages.items():
+            if len(stage) < 1:
+                raise ConfigurationError(f"curriculum: {type(dataset).__name__}.stage({config.curriculum[step]}) "
+                                         f"(from step {step}) has no batches: no group is that easy; raise the "
+                                         "stage's max_difficulty")
         self.test_groups = list(dataset.test_groups())
         self._threads = ThreadPoolExecutor(1, thread_name_prefix="rlvr-env-rollouts")
 
+    def _dataset_at(self, step: int) -> RLDataset:
+        """The dataset ``step`` draws its batch from: the curriculum stage it falls in, or the whole dataset."""
+        if not self.stages:
+            return self.dataset
+        return self.stages[max(s for s in self.stages if s <= step)]
+
     def start(self, step: int, sampler: Any, params: types.SamplingParams, parts: int = 1) -> list[Future]:
-        builders = self.dataset.get_batch(step % len(self.dataset))
-        return [self._threads.submit(self._play, builders, sampler, params)]
+        dataset = self._dataset_at(step)
+        builders = list(dataset.get_batch(step % len(dataset)))
+        if parts > len(builders):
+            raise ConfigurationError(f"stream_minibatches={parts}, but a batch of {type(dataset).__name__} holds "
+                                     f"{len(builders)} groups: stream at most {len(builders)} parts")
+        cuts = [i * len(builders) // parts for i in range(parts + 1)]
+        return [self._threads.submit(self._play, dataset, builders[a:b], a, sampler, params, seed)
+                for (a, b), seed in zip(itertools.pairwise(cuts), _part_seeds(params.seed, parts), strict=True)]
 
     def collect(self, pending: Future) -> Rollout:
         return pending.result()
 
-    def _play(self, builders: Any, sampler: Any, params: types.SamplingParams) -> Rollout:
-        """Every env of the step's groups played to the end (or ``max_turns``); rewards are the envs' own."""
+    def _play(self, dataset: RLDataset, builders: list[Any], first: int, sampler: Any, params: types.SamplingParams,
+              seed: int | None) -> Rollout:
+        """Every env of some of the step's groups (the batch's from position ``first``) played to the end (or
+        ``max_turns``); rewards are the envs' own."""
         timing: dict[str, float] = {}
         max_turns = self.config.max_turns
-        groups = self.dataset.rollout(sampler, builders, params, max_turns, params.seed, timing)
+        groups = dataset.rollout(sampler, builders, params, max_turns, seed, timing)
         trajectories = [g.trajectories for g in groups]
         rewards: list[list[float | None]] = [list(g.total_rewards()) for g in groups]
-        flat = [r for rewards_G in rewards for r in rewards_G]
-        scored = [r for r in flat if r is not None and not math.isnan(r)]  # NaN: the env's scorer failed
-        turns = [t for group in trajectories for trajectory in group for t in trajectory.transitions]
-        sampled = sum(len(t.action) for t in turns)
-        metrics = {"env/all/reward/mean": sum(scored) / len(scored) if scored else math.nan,
-                   "env/all/reward/scored:sum": float(len(scored)),
-                   "env/all/reward/errors:sum": float(len(flat) - len(scored)),
-                   "env/all/correct": sum(r >= 1.0 for r in scored) / len(flat),
-                   "env/all/turns": len(turns) / len(flat), "env/all/ac_tokens_per_turn": sampled / max(len(turns), 1),
-                   "env/all/unfinished": sum(not t.finished for g in trajectories for t in g) / len(flat)}
-        for key in sorted({k for t in turns for k in t.metrics}):  # the envs' own numbers, averaged over turns
-            values = [t.metrics[key] for t in turns if key in t.metrics]
-            metrics[f"env/all/{key}"] = sum(values) / len(values)
-        records = [{"problem_id": f"{type(builder).__name__}[{b}]", "response": self._conversation(t),
+        sampled = sum(len(t.action) for group in trajectories for trajectory in group for t in trajectory.transitions)
+        records = [{"problem_id": f"{type(builder).__name__}[{first + b}]", "response": self._conversation(t),
                     "prompt": self.tokenizer.decode(t.transitions[0].observation), "reward": r, "parts": {},
                     "failure": t.failure or (None if t.finished else f"cut at max_turns={max_turns}")}
                    for b, (builder, group, rewards_G) in enumerate(zip(builders, groups, rewards, strict=True))
                    for t, r in zip(group.trajectories, rewards_G, strict=True)]
-        return Rollout(trajectories, rewards, records, sampled, timing["env"], metrics=metrics)
+        return Rollout(trajectories, rewards, records, sampled, timing["env"])
 
     def _conversation(self, trajectory: Trajectory) -> str:
         """What followed the first observation: the actions and the env's replies, as text."""
@@ -288,7 +302,27 @@ class EnvRollouts(Rollouts):
         return "\n---\n".join(self.tokenizer.decode(t.action) for t in trajectory.transitions)
 
     def metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
-        return rollouts[0].metrics  # one rollout per step, with its own metrics
+        """``env/all/...`` over every part of the step: rewards, turns, tokens, and the envs' own numbers."""
+        trajectories = [t for r in rollouts for group in r.trajectories for t in group]
+        flat = [x for r in rollouts for rewards_G in r.rewards for x in rewards_G]
+        scored = [x for x in flat if x is not None and not math.isnan(x)]  # NaN: the env's scorer failed
+        turns = [t for trajectory in trajectories for t in trajectory.transitions]
+        sampled = sum(r.sampled_tokens for r in rollouts)
+        metrics = {"env/all/reward/mean": sum(scored) / len(scored) if scored else math.nan,
+                   "env/all/reward/scored:sum": float(len(scored)),
+                   "env/all/reward/errors:sum": float(len(flat) - len(scored)),
+                   "env/all/correct": sum(x >= 1.0 for x in scored) / len(flat),
+                   "env/all/turns": len(turns) / len(flat), "env/all/ac_tokens_per_turn": sampled / max(len(turns), 1),
+                   "env/all/unfinished": sum(not t.finished for t in trajectories) / len(flat)}
+        for key in sorted({k for t in turns for k in t.metrics}):  # the envs' own numbers, averaged over turns
+            values = [t.metrics[key] for t in turns if key in t.metrics]
+            metrics[f"env/all/{key}"] = sum(values) / len(values)
+        return metrics
+
+    def step_metrics(self, step: int) -> dict[str, float]:
+        if not self.stages:
+            return {}
+        return {"curriculum/max_difficulty": self.config.curriculum[max(s for s in self.stages if s <= step)]}
 
     def held_out(self, sampler: Any, answered: Callable[[int], None] | None = None) -> dict[str, float]:
         if not self.test_groups:
@@ -309,15 +343,24 @@ class EnvRollouts(Rollouts):
         self._threads.shutdown()
 
 
+def _part_seeds(seed: int | None, parts: int) -> list[int | None]:
+    """A seed per part of a step's batch: the step's own for the first (so an unstreamed batch samples as it always
+    has), and for the others seeds drawn from it, so parts whose envs open alike still sample independently."""
+    if seed is None:
+        return [None] * parts
+    return [seed] + [random.Random(f"{seed}:part{k}").randrange(2**31) for k in range(1, parts)]  # str seeds are stable
+
+
+def check_source(config: LoopConfig, source: ProblemSource | RLDataset) -> None:
+    """What the loop cannot do with ``source``, refused before any work."""
+    if isinstance(source, RLDataset):
+        check_env_dataset(config, source)
+    elif config.stream_minibatches > config.problems_per_step:
+        raise ConfigurationError(f"stream_minibatches={config.stream_minibatches}: at most problems_per_step="
+                                 f"{config.problems_per_step} (a part holds at least one problem's group)")
+
+
 def check_env_dataset(config: LoopConfig, dataset: RLDataset) -> None:
-    """What the loop cannot do with envs, refused before any work."""
+    """What the loop cannot do with an env dataset, refused before any work."""
     if len(dataset) < 1:
         raise ConfigurationError(f"{type(dataset).__name__} has no batches; an env dataset needs at least one")
-    if config.curriculum:
-        raise ConfigurationError("curriculum applies to problem sources; an env dataset orders its own batches")
-    if config.stream_minibatches:
-        raise ConfigurationError("stream_minibatches applies to problem sources; an env dataset's groups are played "
-                                 "turn by turn together (use max_steps_off_policy to overlap them with training)")
-    if config.distributed.backend != "local":
-        raise ConfigurationError("distributed.backend='ray' takes problem sources; envs run in this process")
-
