@@ -219,5 +219,6 @@ def test_an_env_dataset_trains_through_ray_without_reward_actors(ray_cluster, tm
                  distributed=DistributedConfig(backend="ray", num_samplers=1, num_reward_workers=2)), dataset)
     rows = metrics_of(tmp_path / "run")
     assert [row["step"] for row in rows] == [0, 1]
-    assert all(row["env/all/reward/scored:sum"] == 8 and row["train/datums"] > 0 for row in rows)
-    assert all(abs(row["optim/kl_sample_train_v1"]) < 1e-3 for row in rows)  # fresh weights on the replica
+    assert all(row["env/all/reward/scored:sum"] == 8 for row in rows)
+    trained = [row for row in rows if row["train/datums"] > 0]  # (a step whose groups all tie trains nothing)
+    assert trained and all(abs(row["optim/kl_sample_train_v1"]) < 1e-3 for row in trained)  # fresh replica weights
