@@ -100,6 +100,16 @@ class Rollouts(ABC):
         """Release what ``start`` holds (threads)."""
 
 
+def _stage_start(curriculum: dict[int, float], step: int) -> int:
+    """The step at which the curriculum stage that ``step`` falls in starts (a key of ``curriculum``)."""
+    return max(s for s in curriculum if s <= step)
+
+
+def _part_bounds(count: int, parts: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each of ``parts`` consecutive, near-equal parts of ``count`` items (a streamed step's)."""
+    return list(itertools.pairwise([i * count // parts for i in range(parts + 1)]))
+
+
 # -- problem sources ----------------------------------------------------------------------------------------------
 
 
@@ -107,7 +117,7 @@ def curriculum_problems(problems: list[Problem], curriculum: dict[int, float], s
     """The training problems of ``step``: those no harder than the curriculum stage it falls in (all without one)."""
     if not curriculum:
         return problems
-    max_difficulty = curriculum[max(s for s in curriculum if s <= step)]
+    max_difficulty = curriculum[_stage_start(curriculum, step)]
     chosen = select(problems, max_difficulty=max_difficulty)
     if not chosen:
         known = sorted({p.difficulty for p in problems if p.difficulty is not None})
@@ -170,8 +180,8 @@ class ProblemRollouts(Rollouts):
         prompts = [self.source.render_ids(p, self.tokenizer) for p in problems]
         futures = sample_together(sampler, [(types.ModelInput.from_ints(p), self.config.group_size, params)
                                             for p in prompts])  # one unit: the parts decode as one batch
-        cuts = [i * len(problems) // parts for i in range(parts + 1)]
-        return [_PendingProblems(problems[a:b], prompts[a:b], futures[a:b]) for a, b in itertools.pairwise(cuts)]
+        return [_PendingProblems(problems[a:b], prompts[a:b], futures[a:b])
+                for a, b in _part_bounds(len(problems), parts)]
 
     def collect(self, pending: _PendingProblems) -> Rollout:
         groups = [f.result().sequences for f in pending.futures]
@@ -259,7 +269,7 @@ class EnvRollouts(Rollouts):
         """The dataset ``step`` draws its batch from: the curriculum stage it falls in, or the whole dataset."""
         if not self.stages:
             return self.dataset
-        return self.stages[max(s for s in self.stages if s <= step)]
+        return self.stages[_stage_start(self.config.curriculum, step)]
 
     def start(self, step: int, sampler: Any, params: types.SamplingParams, parts: int = 1) -> list[Future]:
         dataset = self._dataset_at(step)
@@ -267,9 +277,9 @@ class EnvRollouts(Rollouts):
         if parts > len(builders):
             raise ConfigurationError(f"stream_minibatches={parts}, but a batch of {type(dataset).__name__} holds "
                                      f"{len(builders)} groups: stream at most {len(builders)} parts")
-        cuts = [i * len(builders) // parts for i in range(parts + 1)]
         return [self._threads.submit(self._play, dataset, builders[a:b], a, sampler, params, seed)
-                for (a, b), seed in zip(itertools.pairwise(cuts), _part_seeds(params.seed, parts), strict=True)]
+                for (a, b), seed in zip(_part_bounds(len(builders), parts), _part_seeds(params.seed, parts),
+                                        strict=True)]
 
     def collect(self, pending: Future) -> Rollout:
         return pending.result()
@@ -322,7 +332,7 @@ class EnvRollouts(Rollouts):
     def step_metrics(self, step: int) -> dict[str, float]:
         if not self.stages:
             return {}
-        return {"curriculum/max_difficulty": self.config.curriculum[max(s for s in self.stages if s <= step)]}
+        return {"curriculum/max_difficulty": self.config.curriculum[_stage_start(self.config.curriculum, step)]}
 
     def held_out(self, sampler: Any, answered: Callable[[int], None] | None = None) -> dict[str, float]:
         if not self.test_groups:
