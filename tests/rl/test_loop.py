@@ -368,7 +368,8 @@ class SayAFailing(SayA):
 
 def test_a_failed_reward_stays_visible_and_is_never_scored_zero(tmp_path):
     from rlvr.rewards import RewardRunner
-    from rlvr.rl.rollouts import ProblemRollouts
+    from rlvr.rl.problems import SourceDataset
+    from rlvr.rl.rollouts import Rollouts
 
     source = SayAFailing()
     result = train(config(tmp_path, steps=2), source)
@@ -383,8 +384,10 @@ def test_a_failed_reward_stays_visible_and_is_never_scored_zero(tmp_path):
     sampler = client.save_weights_and_get_sampling_client()
     params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=3)
     with RewardRunner(source.reward(), timeout=5.0) as runner:
-        rollouts = ProblemRollouts(source, runner, client.get_tokenizer(), config(tmp_path, problems_per_step=16))
+        loop_config = config(tmp_path, problems_per_step=16)
+        rollouts = Rollouts(SourceDataset(source, loop_config), client.get_tokenizer(), loop_config, runner)
         rollout = rollouts.collect(rollouts.start(0, sampler, params)[0])
+        rollouts.close()
     rewards = [t.reward for group in rollout.trajectories for t in group]
     scores = [r for group in rollout.rewards for r in group]
     assert any(s is None for s in scores)

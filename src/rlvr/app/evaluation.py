@@ -75,7 +75,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         sampler = training_client.save_weights_and_get_sampling_client()
         tokenizer = training_client.get_tokenizer()
     from rlvr.rl.envs import RLDataset  # here, not at import: rlvr train checks a config without loading torch
-    from rlvr.rl.rollouts import future_done
+    from rlvr.rl.problems import future_done
 
     if isinstance(source, RLDataset):  # an env recipe: its held-out games, played greedily
         return _evaluate_envs(config, source, sampler, tokenizer, num_samples, problems)

@@ -232,7 +232,7 @@ def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any
     """The held-out evaluation of the base model, before a warm-up changes it (a fresh LoRA adds nothing), as the
     run's ``baseline`` in ``summary.json``; the loop's own first evaluation becomes ``after_warmup``."""
     from rlvr.rewards import RewardRunner
-    from rlvr.rl.rollouts import evaluate_problems
+    from rlvr.rl.problems import evaluate_problems
 
     problems = source.problems(source.eval_split(), limit=config.eval_problems)
     if not problems:

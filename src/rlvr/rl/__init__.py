@@ -7,7 +7,7 @@
 The names in ``__all__`` are its public face, each defined in one module and imported here on first use (so that
 ``rlvr.rl.config``, which the run application's config checks import, loads no torch): ``config`` (``LoopConfig``,
 ``DistributedConfig``), ``loop`` (the training loop, a function per mode), ``envs`` (``Env``, ``EnvGroupBuilder``,
-``RLDataset`` and what a rollout records), ``phases`` (the sampler checks), ``rollouts`` (``curriculum_problems``)
+``RLDataset`` and what a rollout records), ``phases`` (the sampler checks), ``problems`` (``curriculum_problems``)
 and ``advantages`` (``group_advantages``).
 
 Not here: the run application (``rlvr.app``: ``rlvr.train``, recipes, config files, run folders) and the
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from rlvr.rl.envs import Env, EnvGroupBuilder, RLDataset, StepResult, Trajectory, TrajectoryGroup, Transition
     from rlvr.rl.loop import train, train_off_policy, train_streamed, train_sync
     from rlvr.rl.phases import check_sampler_fresh, check_vllm_arithmetic
-    from rlvr.rl.rollouts import curriculum_problems
+    from rlvr.rl.problems import curriculum_problems
 
 _HOMES = {
     "DistributedConfig": "config", "LoopConfig": "config",
@@ -33,7 +33,7 @@ _HOMES = {
     "TrajectoryGroup": "envs", "Transition": "envs",
     "train": "loop", "train_off_policy": "loop", "train_streamed": "loop", "train_sync": "loop",
     "check_sampler_fresh": "phases", "check_vllm_arithmetic": "phases",
-    "curriculum_problems": "rollouts",
+    "curriculum_problems": "problems",
     "group_advantages": "advantages",
 }
 

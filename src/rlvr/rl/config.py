@@ -75,14 +75,14 @@ class LoopConfig:
     steps: int = 20
     """Training steps in all (a resumed run continues up to this)."""
     problems_per_step: int = 4
-    """Distinct problems per step."""
+    """Distinct problems per step (a problem source's groups; an env dataset's batches are its own)."""
     group_size: int = 8
-    """Samples per problem."""
+    """Samples per problem (a problem source's; an env dataset's groups are its own)."""
     normalize_advantages: bool = False
     """Divide centred advantages by the group's reward std."""
     curriculum: dict[int, float] = field(default_factory=dict)
     """Difficulty schedule {from_step: max_difficulty}, e.g. {0: 1, 10: 2}: train only on problems that easy from
-    that step on (empty: all problems). An env dataset narrows itself (``RLDataset.stage``)."""
+    that step on (empty: all problems): the dataset narrows itself (``RLDataset.stage``)."""
     # Optimisation
     loss_fn: str = "importance_sampling"
     """Built-in loss: importance_sampling, ppo, cispo, dro."""
@@ -93,10 +93,10 @@ class LoopConfig:
     num_substeps: int = 1
     """Optimizer steps per batch; the datums are split into this many minibatches."""
     stream_minibatches: int = 0
-    """Streaming (0 = off): the step's groups are split into this many minibatches (at most one group each), and
+    """Streaming (0 = off): the step's groups are split into this many minibatches (at least one group each), and
     each is trained on (its forward_backward sent) as soon as its groups are sampled and scored, while later ones
-    still sample (an env dataset's parts play one after another); an optim_step follows every
-    ``stream_minibatches / num_substeps`` of them. With ``num_substeps=1`` the update equals the synchronous one."""
+    still sample; an optim_step follows every ``stream_minibatches / num_substeps`` of them. With
+    ``num_substeps=1`` the update equals the synchronous one."""
     max_steps_off_policy: int = 0
     """Asynchronous off-policy sampling (0 = synchronous): the rollouts of this many later steps are in flight, each
     sampled with the weights of the step that started it, while the current step trains; a batch is at most this
@@ -113,7 +113,7 @@ class LoopConfig:
     temperature: float = 1.0
     """Sampling temperature of rollouts (evaluation is greedy)."""
     max_turns: int = 8
-    """Most turns per episode when training on environments (an RLDataset); problem sources take one."""
+    """Most turns per episode (a problem source's are one turn)."""
     # Rewards
     reward_timeout: float = 10.0
     """Seconds one reward call may take before it is killed and counted as a timeout."""

@@ -21,11 +21,13 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError, ContextFullError, RewardError
+from rlvr.rewards.runner import BatchScores, RewardRunner
 from rlvr.rl.advantages import entropy_shaped
 from rlvr.rl.datums import masked_datum
 from rlvr.tasks.base import Problem, ProblemSource, render_messages, select
@@ -75,8 +77,11 @@ class Trajectory:
     transitions: list[Transition]
     finished: bool = True
     failure: str | None = None
-    """Why its reward could not be computed (an env library's scorer raised or hung): its reward is then NaN, and
-    its group is counted as failed and not trained on, never scored 0."""
+    """Why its reward could not be computed (a scorer raised or hung): its reward is then NaN, and its group is
+    counted as failed and not trained on, never scored 0."""
+    logs: dict[str, Any] = field(default_factory=dict)
+    """Rollout-log fields this episode sets itself in place of the loop's defaults: a problem's ``problem_id``, the
+    ``response`` as its reward read it, the reward's ``parts``."""
 
     @property
     def reward(self) -> float:
@@ -93,6 +98,30 @@ class TrajectoryGroup:
     def total_rewards(self) -> list[float]:
         """Per trajectory: the sum of its turns' rewards plus its group-level reward."""
         return [t.reward + g for t, g in zip(self.trajectories, self.group_rewards, strict=True)]
+
+
+@dataclass
+class PlayedGroups:
+    """Some groups of a step's batch, played to the end and scored: what a dataset's ``start`` delivers per part."""
+
+    groups: list[TrajectoryGroup]
+    scoring_s: float
+    """Seconds spent scoring (in the envs' ``step``, or in the reward runner)."""
+    scores: BatchScores | None = None
+    """Where the run's reward runner scored the answers: its scores, one per trajectory in group order, whose failure
+    counts (``timeouts:sum``) and composite parts the step's metrics report."""
+
+
+@dataclass
+class PlayContext:
+    """What the training loop lends a dataset to play its batches with."""
+
+    threads: Executor
+    """The loop's rollout thread: parts played there play while the loop trains on earlier ones."""
+    max_turns: int
+    runner: RewardRunner | None = None
+    """The run's reward runner (killable workers, or Ray's reward actors), for a dataset whose ``runner_reward`` is
+    not None."""
 
 
 class EnvGroupBuilder(ABC):
@@ -136,11 +165,60 @@ class RLDataset(ABC):
                                  "a stage(max_difficulty) method that returns the dataset narrowed to the groups no "
                                  "harder than that (as ProblemDataset does), or leave curriculum unset")
 
+    def hardest(self, max_difficulty: float) -> float:
+        """The difficulty of this stage's hardest group, logged as ``curriculum/max_difficulty``; by default the
+        stage's bound."""
+        return max_difficulty
+
+    def batch_at(self, step: int) -> Sequence[EnvGroupBuilder]:
+        """The batch the training loop plays at ``step``; by default batch ``step % len(self)``."""
+        return self.get_batch(step % len(self))
+
+    def runner_reward(self) -> Any:
+        """The ``Reward`` the run's reward runner scores this dataset's answers with (in killable worker processes,
+        or Ray's reward actors); None, the default: the envs score themselves in ``step`` and no runner starts."""
+        return None
+
+    def start(self, sampling_client: Any, parts: Sequence[Sequence[EnvGroupBuilder]], params: types.SamplingParams,
+              context: PlayContext) -> list[Any]:
+        """Start playing a step's batch, given in ``parts``: one pending part per part, in order, whose ``result()``
+        is its ``PlayedGroups``. By default the parts play one after another in the loop's rollout thread (part k+1
+        plays while the loop trains on part k), each with ``rollout`` and its own seed."""
+        return [context.threads.submit(_play_part, self, sampling_client, builders, params, seed, context.max_turns)
+                for builders, seed in zip(parts, _part_seeds(params.seed, len(parts)), strict=True)]
+
     def rollout(self, sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                 max_turns: int, seed: int | None, timing: dict[str, float]) -> list[TrajectoryGroup]:
         """Play a batch's groups; by default turn by turn with ``rollout_groups``. A dataset whose envs drive their
         own conversation (an outside library's, such as ``verifiers``) overrides this to play them its way."""
         return rollout_groups(sampling_client, builders, params, max_turns=max_turns, seed=seed, timing=timing)
+
+    def evaluate(self, sampling_client: Any, max_tokens: int, context: PlayContext,
+                 answered: Callable[[int], None] | None = None) -> dict[str, float]:
+        """Greedy episodes of ``test_groups`` (empty: there are none); ``answered`` is given the groups answered."""
+        groups = list(self.test_groups())
+        if not groups:
+            return {}
+        result = evaluate_envs(sampling_client, groups, max_tokens, context.max_turns)
+        if answered is not None:  # the groups are played together: all answered at once
+            answered(len(groups))
+        return result
+
+
+def _play_part(dataset: RLDataset, sampling_client: Any, builders: Sequence[EnvGroupBuilder],
+               params: types.SamplingParams, seed: int | None, max_turns: int) -> PlayedGroups:
+    """Some of a batch's groups played with the dataset's ``rollout``; the envs' ``step`` time is the scoring time."""
+    timing: dict[str, float] = {}
+    groups = dataset.rollout(sampling_client, builders, params, max_turns, seed, timing)
+    return PlayedGroups(groups, timing.get("env", 0.0))
+
+
+def _part_seeds(seed: int | None, parts: int) -> list[int | None]:
+    """A seed per part of a step's batch: the step's own for the first (so an unstreamed batch samples as it always
+    has), and for the others seeds drawn from it, so parts whose envs open alike still sample independently."""
+    if seed is None:
+        return [None] * parts
+    return [seed] + [random.Random(f"{seed}:part{k}").randrange(2**31) for k in range(1, parts)]  # str seeds are stable
 
 
 def batch_positions(index: int, num_batches: int, per_batch: int) -> range:
@@ -325,7 +403,8 @@ class ProblemGroupBuilder(EnvGroupBuilder):
 class ProblemDataset(RLDataset):
     """A split of a problem source in batches of ``problems_per_batch`` groups (shuffled once with ``seed``); each
     problem becomes ``make_group(problem, group_size)``, by default ``group_size`` one-turn envs. With ``test_split``,
-    its first ``test_problems`` problems are the held-out groups, one env each."""
+    its first ``test_problems`` problems are the held-out groups, one env each. Made without a tokenizer (None), it
+    renders with the one the loop binds."""
 
     def __init__(self, source: ProblemSource, tokenizer: Any, problems_per_batch: int, group_size: int,
                  split: str = "train", seed: int = 0,
@@ -333,20 +412,31 @@ class ProblemDataset(RLDataset):
                  test_split: str | None = None, test_problems: int = 32) -> None:
         if problems_per_batch < 1 or group_size < 1:
             raise ConfigurationError("problems_per_batch and group_size must be at least 1")
+        self.source, self.tokenizer = source, tokenizer
         self.problems = source.problems(split, shuffle=True, seed=seed)
         self.held_out = [] if test_split is None else source.problems(test_split, limit=test_problems)
         self.problems_per_batch, self.group_size = problems_per_batch, group_size
-        self.make_group = make_group or (lambda p, n: ProblemGroupBuilder(source, p, tokenizer, n))
+        self.make_group = make_group
+
+    def group(self, problem: Problem, group_size: int) -> EnvGroupBuilder:
+        """The group of ``problem``: ``make_group``'s, or ``group_size`` one-turn envs."""
+        if self.make_group is not None:
+            return self.make_group(problem, group_size)
+        return ProblemGroupBuilder(self.source, problem, self.tokenizer, group_size)
+
+    def bind_tokenizer(self, tokenizer: Any) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = tokenizer
 
     def __len__(self) -> int:
         return len(self.problems) // self.problems_per_batch
 
     def get_batch(self, index: int) -> list[EnvGroupBuilder]:
-        return [self.make_group(self.problems[i], self.group_size)
+        return [self.group(self.problems[i], self.group_size)
                 for i in batch_positions(index, len(self), self.problems_per_batch)]
 
     def test_groups(self) -> list[EnvGroupBuilder]:
-        return [self.make_group(p, 1) for p in self.held_out]  # greedy: one episode per problem says it all
+        return [self.group(p, 1) for p in self.held_out]  # greedy: one episode per problem says it all
 
     def stage(self, max_difficulty: float) -> ProblemDataset:
         narrowed = copy.copy(self)
@@ -357,3 +447,7 @@ class ProblemDataset(RLDataset):
                                      f"{max_difficulty}, fewer than a batch of {self.problems_per_batch}; the "
                                      f"problems' difficulties are {known or 'not set'}")
         return narrowed
+
+    def hardest(self, max_difficulty: float) -> float:
+        """The hardest difficulty among this stage's problems (at most the stage's bound)."""
+        return max(p.difficulty for p in self.problems)

@@ -1,13 +1,13 @@
-"""The RLVR loop over a problem source or an env dataset: roll out groups, score, centre, train, log, save.
+"""The RLVR loop over an env dataset (a problem source becomes one): roll out groups, score, centre, train, log, save.
 
     result = train(LoopConfig(base_model="tiny", steps=10), source)    # {"before", "after", "plot", ...}
 
 One function per mode, each a ``for step`` that reads top to bottom as the phases of ``phases.py``:
 
 - :func:`train_sync` (the default): sample this step's groups with the current weights, score them, train.
-- :func:`train_streamed` (``stream_minibatches``): the step's problems in parts, each trained on (its
+- :func:`train_streamed` (``stream_minibatches``): the step's groups in parts, each trained on (its
   ``forward_backward`` sent) as soon as it is scored while later parts still sample. With ``num_substeps=1`` the
-  update equals the synchronous one. An env dataset's parts play one after another.
+  update equals the synchronous one.
 - :func:`train_off_policy` (``max_steps_off_policy``): later steps' rollouts stay in flight, sampled with the
   weights of the step that started them, while the current step trains; each batch is at most that many updates
   old (the importance-sampling losses correct for it). Combined with ``stream_minibatches``, a batch trains part
@@ -15,13 +15,13 @@ One function per mode, each a ``for step`` that reads top to bottom as the phase
 
 :func:`train` sets the run up (``phases.open_run``: fresh, or resumed from the last checkpoint), evaluates before and
 after, and runs the mode the config asks for. The loops drive only the client API, so they run alike on the
-in-process engine, a server or Ray. With an env dataset (``envs.RLDataset``) each group is played turn by turn and
-the envs score themselves; its ``test_groups`` are the held-out evaluation.
+in-process engine, a server or Ray. Every task is an env dataset (``envs.RLDataset``): a ``ProblemSource`` becomes
+``problems.SourceDataset``, one-turn groups scored by the run's reward workers; other datasets play turn by turn
+and their envs score themselves. The dataset's held-out groups are the evaluation.
 
-A curriculum (``LoopConfig.curriculum``) narrows each step's problems (or an env dataset, ``RLDataset.stage``) to
-a difficulty stage. Truncated importance
-weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``). The algorithm objects of the
-TenSafe cookbook live in ``integrations/tensafe``, the rollout pages in ``rollout_log.py``.
+A curriculum (``LoopConfig.curriculum``) narrows the dataset to a difficulty stage (``RLDataset.stage``). Truncated
+importance weights are ``loss_fn="cispo"`` with ``clip_low_threshold=0`` (see ``losses.cispo``). The algorithm
+objects of the TenSafe cookbook live in ``integrations/tensafe``, the rollout pages in ``rollout_log.py``.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ __all__ = ["train", "train_off_policy", "train_streamed", "train_sync"]
 
 def train(config: LoopConfig, source: ProblemSource | RLDataset, progress: Progress | None = None, *,
           stop: StopRequest | None = None, show_evaluation: ShowEvaluation | None = None) -> dict[str, Any]:
-    """Run the loop on a problem source or an env dataset; returns the before/after held-out evaluations (absent
-    for an env dataset without ``test_groups``), the curves' path and the training client.
+    """Run the loop on an env dataset, or on a problem source made one; returns the before/after held-out
+    evaluations (absent for a dataset without held-out groups), the curves' path and the training client.
 
     ``progress`` is called after each step; ``show_evaluation`` shows the held-out evaluations as they go; ``stop``
     (set by a signal, ``stop.py``) ends the run with a checkpoint where the step in flight ends, or at once in the
@@ -101,7 +101,7 @@ def train_sync(run: LoopRun) -> None:
 
 
 def train_streamed(run: LoopRun) -> None:
-    """Each step's problems in ``stream_minibatches`` parts, each trained on as soon as it is scored."""
+    """Each step's groups in ``stream_minibatches`` parts, each trained on as soon as it is scored."""
     config = run.config
     for step in range(run.start_step, config.steps):
         work = StepWork(step)

@@ -14,7 +14,7 @@ A mode (``train_sync``, ``train_streamed``, ``train_off_policy``) is a ``for ste
 the run folder) and closes what it opened; :func:`held_out` is the held-out evaluation, shown as it goes. Everything
 here drives the client API only (``rlvr.ServiceClient`` and its clients).
 
-Not here: the order of the phases (``loop.py``), where rollouts come from (``rollouts.py``), datums of one trajectory
+Not here: the order of the phases (``loop.py``), how a step's groups play (``rollouts.py``), datums of one trajectory
 (``envs.trajectory_datums``), the losses (``engine/train/losses.py``).
 """
 
@@ -42,8 +42,9 @@ from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, prune_checkpoi
 from rlvr.rl.config import LoopConfig, recorded_precision, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
+from rlvr.rl.problems import SourceDataset
 from rlvr.rl.rollout_log import RolloutLog
-from rlvr.rl.rollouts import EnvRollouts, ProblemRollouts, Rollout, Rollouts, check_source
+from rlvr.rl.rollouts import Rollout, Rollouts, check_dataset
 from rlvr.rl.stop import StopRequest
 from rlvr.rl.tracking import Trackers, open_trackers
 from rlvr.tasks.base import ProblemSource
@@ -126,12 +127,14 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     """A fresh training client, or the last checkpoint's state and loop RNG when ``config.resume``, whose checkpoints
     the run folder holds; closes the reward workers, trackers and env threads it opened when the block ends."""
     stop = stop or StopRequest()
-    check_source(config, source)  # before any work
+    # Every task is an env dataset; a problem source becomes one here, scored by the run's reward runner.
+    dataset = source if isinstance(source, RLDataset) else SourceDataset(source, config)
+    check_dataset(config, dataset)  # before any work
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     precision = _precision(config, run_dir)
     with stop.abandonable():  # starting Ray and its actors: nothing to keep yet
-        service, runner = _backend(config, source, precision)
+        service, runner = _backend(config, dataset, precision)
     stop.reclaim_signals()  # ray.init takes SIGTERM for itself
     start_step, rng = 0, random.Random(config.seed)
     resumed = last_checkpoint(run_dir) if config.resume else None
@@ -157,10 +160,7 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     with contextlib.ExitStack() as stack:
         if hasattr(service, "close"):  # Ray: the actors of a stopped or failed run end with it; a finished run's
             stack.push(_close_on_error(service.close))  # stay up for the client it returns
-        if isinstance(source, RLDataset):
-            rollouts: Rollouts = EnvRollouts(source, tokenizer, config)
-        else:
-            rollouts = ProblemRollouts(source, stack.enter_context(runner), tokenizer, config)
+        rollouts = Rollouts(dataset, tokenizer, config, None if runner is None else stack.enter_context(runner))
         stack.callback(rollouts.close)
         reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
                      if config.kl_penalty_coef > 0 else None)
@@ -371,10 +371,10 @@ def _precision(config: LoopConfig, run_dir: Path) -> str:
     return precision
 
 
-def _backend(config: LoopConfig, source: ProblemSource | RLDataset, precision: str) -> tuple[Any, Any]:
-    """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (envs score
-    themselves: no runner). Their engines multiply in ``precision``."""
-    reward = None if isinstance(source, RLDataset) else source.reward()
+def _backend(config: LoopConfig, dataset: RLDataset, precision: str) -> tuple[Any, Any]:
+    """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (no runner
+    for a dataset whose envs score themselves). Their engines multiply in ``precision``."""
+    reward = dataset.runner_reward()
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
