@@ -11,7 +11,12 @@ datum, its actions trained and its observations masked; otherwise each break sta
 
 Envs run in the calling process: an env whose reward runs untrusted code should score through the sandbox
 (``rlvr.sandbox``) as the code rewards do. An env whose ``step`` raises stops the rollout with a ``RewardError``
-naming the env, the group and the turn. Not here: the training loop that takes an ``RLDataset`` (``loop.py``).
+naming the env, the group and the turn.
+
+An ``RLDataset`` also says how the training loop plays it (``batch_at``, ``start``, ``runner_reward``, ``evaluate``,
+``stage``): by default a step's batch plays turn by turn in the loop's rollout thread and the envs score themselves.
+``ProblemDataset`` serves a problem source as one-turn envs. Not here: the training loop (``loop.py``), the records and
+metrics it makes of played groups (``rollouts.py``), a problem source scored by the reward workers (``problems.py``).
 """
 
 from __future__ import annotations
