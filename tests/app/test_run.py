@@ -52,6 +52,30 @@ def test_recipes_over_data_need_data_and_generated_ones_refuse_it(tmp_path):
         build_source(resolve_config(recipe="gsm8k", overrides=[f"data={file}", "reward_config.x=1"]))
 
 
+def test_a_source_without_held_out_problems_trains_and_reports_no_evaluation(tmp_path, monkeypatch):
+    """A source whose evaluation split is empty: the run trains, evaluates nothing before or after, and its summary
+    says so (empty) rather than failing at the end."""
+    import rlvr.app.run
+
+    real = build_source
+
+    def without_held_out(config):
+        source = real(config)
+        load = source.load
+        source.load = lambda split: load(split) if split == "train" else []
+        return source
+
+    monkeypatch.setattr(rlvr.app.run, "build_source", without_held_out)
+    from rich.console import Console
+
+    run = tmp_path / "run"
+    result = rlvr.train({"recipe": "arithmetic", "base_model": "tiny", "rank": 4, "steps": 1, "problems_per_step": 2,
+                         "group_size": 2, "max_tokens": 4, "out": str(run)}, console=Console(file=io.StringIO()))
+    assert "before" not in result and "after" not in result
+    assert json.loads((run / "summary.json").read_text()) == {"baseline": {}, "after": {}}
+    assert [row["step"] for row in read_jsonl(run / "metrics.jsonl")] == [0]
+
+
 @pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not beside this checkout")
 def test_data_recipes_on_local_files():
     gsm8k = build_source(resolve_config(recipe="gsm8k", overrides=[f"data={DATA / 'gsm8k' / 'train.jsonl'}"]))

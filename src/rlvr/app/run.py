@@ -258,7 +258,7 @@ def _summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         summary["after_warmup"] = result.get("before") or previous.get("after_warmup", {})
     elif result.get("before"):
         summary["baseline"] = result["before"]
-    summary["after"] = result["after"]
+    summary["after"] = result.get("after", {})  # none: the source holds no held-out problems
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
