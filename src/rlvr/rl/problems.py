@@ -40,6 +40,7 @@ from rlvr.rl.envs import (
     Trajectory,
     TrajectoryGroup,
     Transition,
+    batch_positions,
     sample_together,
 )
 from rlvr.tasks.base import Problem, ProblemSource, select
@@ -62,8 +63,7 @@ class SourceDataset(ProblemDataset):
         return -(-len(self.problems) // self.problems_per_batch)  # the last batch wraps around to the first problems
 
     def get_batch(self, index: int) -> list[EnvGroupBuilder]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"batch {index} of a dataset with {len(self)} batches")
+        batch_positions(index, len(self), self.problems_per_batch)  # an IndexError past either end
         return self.batch_at(index)
 
     def batch_at(self, step: int) -> list[EnvGroupBuilder]:

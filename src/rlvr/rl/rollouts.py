@@ -74,11 +74,11 @@ class _Part:
 
 class Rollouts:
     """A batch of the loop's env dataset per step (of the curriculum stage's dataset, with a curriculum), played the
-    dataset's way (``RLDataset.start``) and collected as ``Rollout``s."""
+    dataset's way (``RLDataset.start``) and collected as ``Rollout``s. The dataset has at least one batch
+    (``check_dataset``, which ``phases.open_run`` runs before any work)."""
 
     def __init__(self, dataset: RLDataset, tokenizer: Any, config: LoopConfig,
                  runner: RewardRunner | None = None) -> None:
-        check_dataset(config, dataset)
         dataset.bind_tokenizer(tokenizer)
         self.dataset, self.tokenizer, self.config = dataset, tokenizer, config
         # every stage made now, so a dataset that cannot narrow (or a stage with no batch) is refused before any work
@@ -133,10 +133,10 @@ class Rollouts:
                 reward: float | None) -> dict[str, Any]:
         """A trajectory's rollout-log record (without its advantage): the loop's fields, then the trajectory's own."""
         failure = trajectory.failure or (None if trajectory.finished else f"cut at max_turns={self.config.max_turns}")
+        response = trajectory.logs["response"] if "response" in trajectory.logs else self._conversation(trajectory)
         return {"problem_id": f"{type(builder).__name__}[{position}]",
                 "prompt": self.tokenizer.decode(trajectory.transitions[0].observation),
-                "response": self._conversation(trajectory), "reward": reward, "parts": {}, "failure": failure,
-                **trajectory.logs}
+                "response": response, "reward": reward, "parts": {}, "failure": failure, **trajectory.logs}
 
     def _conversation(self, trajectory: Trajectory) -> str:
         """What followed the first observation: the actions and the env's replies, as text."""
