@@ -307,6 +307,28 @@ def test_a_sampling_client_frees_its_snapshot_once_garbage_collected(tc):
     assert path not in engine._snapshots
 
 
+def test_a_training_client_frees_its_adapter_once_garbage_collected_and_its_samplers_sample_on(tc):
+    """A dropped TrainingClient's adapter and optimizer leave the model (a server's clients come and go; each one
+    kept would cost memory and slow every adapter switch); a SamplingClient taken from it is a copy and samples on,
+    the same tokens as before."""
+    service = tc.service
+    dropped = service.create_lora_training_client("tiny", rank=4, seed=3)
+    host, adapter = dropped._trainer.host, dropped._trainer.adapter
+    sampler = dropped.save_weights_and_get_sampling_client()
+    prompt, params = types.ModelInput.from_ints([7, 8, 9, 10]), types.SamplingParams(max_tokens=5, seed=1)
+    def drawn() -> list:
+        return [(s.tokens, s.logprobs) for s in sampler.sample(prompt, 2, params).result(timeout=60).sequences]
+
+    before = drawn()
+    assert adapter in host.specs
+    del dropped
+    gc.collect()
+    tc.engine.run(lambda: None)  # the release is queued on the engine thread; let it run
+    assert adapter not in host.specs
+    assert not any(f".{adapter}." in name for name, _ in host.peft.named_parameters())
+    assert drawn() == before
+
+
 def test_parameters_are_copies_keyed_without_the_adapter_name(tc):
     params = tc.parameters()
     adapter = tc._trainer.adapter

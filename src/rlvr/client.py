@@ -200,6 +200,8 @@ class TrainingClient(_SelfFuture):
         self.engine = service.engine
         self._trainer = trainer
         self.model_id = trainer.run_id
+        # Free the adapter and its optimizer state once the client is gone (a server's clients come and go).
+        weakref.finalize(self, self.engine.release_trainer_later, trainer)
 
     # Training ------------------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import torch
 from datums import ce_datum, rl_datum
 from rlvr import types
 from rlvr.engine.cpu import packed
-from rlvr.engine.engine import Engine
+from rlvr.engine.engine import UNUSED_SNAPSHOTS, Engine
 from rlvr.engine.models.lora import LoraSpec
 from rlvr.engine.sample_queue import _chunks
 from rlvr.engine.train.prefix import plan
@@ -324,6 +324,25 @@ def test_a_released_snapshot_is_dropped_only_when_its_last_user_lets_go(engine):
     engine.run(engine.release_sampler, "rlvr://nobody/sampler_weights/nothing")
     with pytest.raises(CheckpointError, match="no checkpoint at"):  # in memory only: gone for good
         engine.run(engine.sampler, path, None)
+
+
+def test_unused_snapshots_saved_to_disk_stay_in_memory_only_as_many_as_kept_and_reload_to_the_same_logprobs(engine):
+    """A trainer saved for sampling again and again (a server's save_weights_for_sampler, with no client made from
+    most) keeps only the ``UNUSED_SNAPSHOTS`` newest unused ones in memory; a client made later from an older path
+    reads it from disk and gets the logprobs that path was saved with."""
+    trainer = new_trainer(engine, seed=11)
+    datum, prompt = ce_datum([3, 4, 5, 6]), types.ModelInput.from_ints([3, 4, 5, 6])
+    paths, want = [], []
+    for i in range(UNUSED_SNAPSHOTS + 2):
+        train_step(engine, trainer, datum)
+        paths.append(engine.run(engine.save_for_sampler, trainer, f"unused-{i}"))
+        want.append(logprobs_of(forward(engine, trainer, [datum])))
+    in_memory = [p for p in paths if p in engine._snapshots]
+    assert in_memory == paths[-UNUSED_SNAPSHOTS:]
+    for path, logprobs in zip(paths, want, strict=True):
+        handle = engine.run(engine.sampler, path, None)
+        assert engine.run(engine.compute_logprobs, handle, prompt)[1:] == logprobs  # to the bit, from disk too
+        engine.run(engine.release_sampler, path)
 
 
 def test_a_garbage_collected_clients_release_takes_no_lock_and_runs_before_the_next_job(engine):

@@ -63,6 +63,9 @@ from rlvr.metrics import reduce_metrics
 
 logger = logging.getLogger(__name__)
 
+UNUSED_SNAPSHOTS = 4
+"""Sampler snapshots saved to disk and used by no SamplingClient that stay in memory (``_drop_unused_snapshots``)."""
+
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -174,6 +177,7 @@ class Engine:
         self._names = itertools.count()
         self._snapshots: dict[str, tuple[AdapterHost, str]] = {}  # sampler path -> the adapter it names now
         self._snapshot_refs: dict[str, tuple[AdapterHost, int]] = {}  # snapshot adapter -> its SamplingClients
+        self._written: set[str] = set()  # sampler paths saved to disk by this engine (a retired snapshot reloads)
 
     @classmethod
     def default(cls, precision: str | None = None, device: str | torch.device | None = None) -> Engine:
@@ -241,6 +245,17 @@ class Engine:
         host.add(adapter, spec, seed)
         trained_by = make_optimizer(list(host.parameters(adapter).values()), optimizer, spec.rank)
         return Trainer(f"run-{uuid.uuid4().hex[:12]}", host, adapter, spec, seed, trained_by)
+
+    def release_trainer(self, trainer: Trainer) -> None:
+        """Delete ``trainer``'s adapter and its optimizer state: no TrainingClient uses it any more (snapshots taken
+        from it are copies and stay). A host's last adapter stays (peft cannot delete it); a new one replaces it."""
+        trainer.optimizer = None
+        trainer.host.delete(trainer.adapter)
+
+    def release_trainer_later(self, trainer: Trainer) -> None:
+        """Queue ``release_trainer`` behind the jobs submitted so far (called when a TrainingClient is
+        garbage-collected; see ``release_sampler_later``)."""
+        self._executor.later(self.release_trainer, trainer)
 
     # -- forward / backward ---------------------------------------------------------------------------------------
 
@@ -407,14 +422,26 @@ class Engine:
         path = make_path(trainer.run_id, "sampler_weights", name or f"ephemeral-{next(self._names)}")
         if name is not None:
             checkpoint.write(path, self._adapter_files(trainer))
+            self._written.add(path)
         snapshot = trainer.host.copy(trainer.adapter, self._new_adapter_name("sampler"))
         if path in self._snapshots:  # saved again under one name: the older snapshot goes once no client uses it
             _, older = self._snapshots[path]
             if self._snapshot_refs[older][1] <= 0:
                 self._retire_snapshot(older)
+        self._snapshots.pop(path, None)  # the newest last (``_drop_unused_snapshots``)
         self._snapshots[path] = (trainer.host, snapshot)
         self._snapshot_refs[snapshot] = (trainer.host, 0)
+        self._drop_unused_snapshots()
         return path
+
+    def _drop_unused_snapshots(self) -> None:
+        """Keep in memory the ``UNUSED_SNAPSHOTS`` newest snapshots that were saved to disk and that no
+        SamplingClient uses (yet: saving and then creating a client is the usual order); retire older ones. A client
+        created from a retired one's path later loads it from disk again."""
+        unused = [(path, snapshot) for path, (_, snapshot) in self._snapshots.items()
+                  if self._snapshot_refs[snapshot][1] <= 0 and path in self._written]
+        for _, snapshot in unused[:max(0, len(unused) - UNUSED_SNAPSHOTS)]:
+            self._retire_snapshot(snapshot)
 
     def sampler(self, model_path: str | None, base_model: str | None) -> SamplerHandle:
         """Resolve what a new SamplingClient samples from, loading a saved adapter when needed."""

@@ -222,6 +222,32 @@ def test_switching_adapters_switches_outputs_and_leaves_the_others_alone(host):
     assert torch.equal(logits(host, None), base)
 
 
+def adapter_state(host: AdapterHost) -> tuple:
+    """Which parameters train and which adapter each adapted layer (and the wrappers) call active."""
+    grads = {name: p.requires_grad for name, p in host.peft.named_parameters()}
+    active = {name: list(m.active_adapters) for name, m in host.peft.named_modules() if hasattr(m, "lora_A")}
+    return grads, active, host.peft.active_adapter, host.peft.base_model.active_adapter
+
+
+def test_every_switch_leaves_what_pefts_own_set_adapter_leaves(host):
+    """The host switches adapters without peft's walk of every module; after each switch (the first after an
+    adapter is added, and the quick ones after it, among five adapters and a deletion), the trainable parameters and
+    each layer's active adapter are what peft's ``set_adapter`` to the same adapter then leaves."""
+    names = [f"train_walk_{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        host.add(name, LoraSpec(rank=2 + i % 2), seed=i)
+    snapshot = host.copy(names[0], "sampler_walk")
+    order = [names[1], names[2], snapshot, names[0], names[3], names[1], snapshot, names[2]]
+    for step, name in enumerate(order):
+        if step == 5:
+            host.delete(names[3])
+        logits(host, name)
+        switched = adapter_state(host)
+        assert switched[2] == name
+        host.peft.set_adapter(name)
+        assert adapter_state(host) == switched, (step, name)
+
+
 def test_a_snapshot_copies_the_weights_and_stays_put_when_the_source_trains(host):
     host.add("train_src", LoraSpec(rank=4), seed=4)
     perturb(host, "train_src", seed=2)

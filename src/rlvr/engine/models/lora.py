@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import Linear as LoraLinear
+from peft.tuners.tuners_utils import BaseTunerLayer
 
 from rlvr.engine.device import GpuPaths, model_device
 from rlvr.engine.models.load import LoadedModel
@@ -113,6 +114,7 @@ class AdapterHost:
         self.specs: dict[str, LoraSpec] = {}
         self._retired: list[str] = []  # snapshot adapters no sampler uses, kept for ``copy`` to reuse
         self._parameters: dict[str, dict[str, torch.nn.Parameter]] = {}  # by adapter; cleared when adapters change
+        self._layers: list[BaseTunerLayer] | None = None  # the adapted layers, for ``_activate``; None after a change
 
     @property
     def model(self) -> torch.nn.Module:
@@ -142,6 +144,7 @@ class AdapterHost:
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             torch.manual_seed(seed)
             self._parameters.clear()
+            self._layers = None
             if self.peft is None:
                 self.peft = get_peft_model(self.base.model, config, adapter_name=name)
             else:
@@ -181,6 +184,7 @@ class AdapterHost:
             self.peft.delete_adapter(name)
             del self.specs[name]
             self._parameters.clear()
+            self._layers = None
 
     def parameters(self, name: str) -> dict[str, torch.nn.Parameter]:
         """Adapter ``name``'s LoRA parameters by full name, in a fixed (sorted) order (walking the model for them
@@ -218,6 +222,29 @@ class AdapterHost:
                 with self.peft.disable_adapter():
                     yield self.peft
             return
-        if self.peft.active_adapter != name:  # peft's switch walks every module (~25 ms on SmolLM2): only when needed
-            self.peft.set_adapter(name)
+        if self.peft.active_adapter != name:
+            self._activate(name)
         yield self.peft
+
+    def _activate(self, name: str) -> None:
+        """Make adapter ``name`` the active one, leaving every layer as peft's ``set_adapter`` leaves it: ``name``
+        active, its parameters trainable, every other adapter's frozen. peft's switch walks every module of the model,
+        the adapters' own included, and sets every adapter's parameters, so its cost grows with the number of
+        adapters the host holds (a server's clients and snapshots). After the first switch since adapters were added
+        or deleted (peft's own, which leaves every adapter right), only the adapter leaving and the one arriving
+        change, on a list of the adapted layers kept until the next addition or deletion."""
+        if self._layers is None:
+            self.peft.set_adapter(name)
+            self._layers = [m for m in self.peft.modules() if isinstance(m, BaseTunerLayer)]
+            return
+        leaving = self.peft.active_adapter
+        for layer in self._layers:
+            for attribute in layer.adapter_layer_names:
+                adapters = getattr(layer, attribute)
+                if leaving in adapters:
+                    adapters[leaving].requires_grad_(False)
+                if name in adapters:
+                    adapters[name].requires_grad_(True)
+            layer._active_adapter = [name]
+        self.peft.base_model.active_adapter = name
+        self.peft.active_adapter = name
