@@ -282,6 +282,9 @@ def serve(
     port: int = typer.Option(8000, help="TCP port."),
     keys_file: str = typer.Option(None, help="File with one API key per line (else $RLVR_API_KEY)."),
     url_lifetime: int = typer.Option(3600, help="Seconds the signed checkpoint download URLs hold."),
+    session_timeout: float = typer.Option(300.0, help="Seconds a session may stay silent (no heartbeat, no request: "
+                                                      "its client went away unclosed) before it ends and its models "
+                                                      "are freed; 0: never."),
 ) -> None:
     """Serve the Tinker wire protocol: point the tinker SDK at it with TINKER_BASE_URL=http://HOST:PORT. SIGTERM
     or Ctrl-C stop taking requests, let the ones in flight finish and exit (a second Ctrl-C: at once)."""
@@ -290,7 +293,10 @@ def serve(
     except ImportError as exc:
         raise typer.BadParameter(f"rlvr serve needs the server extra: pip install 'rlvr[server]' ({exc})") from exc
     # SIGTERM, Ctrl-C: RunInterrupted once shut down
-    run(host=host, port=port, keys_file=keys_file, url_lifetime_s=url_lifetime)
+    if session_timeout < 0:
+        raise typer.BadParameter(f"--session-timeout {session_timeout:g}: give seconds, or 0 for never")
+    run(host=host, port=port, keys_file=keys_file, url_lifetime_s=url_lifetime,
+        session_timeout_s=session_timeout or None)
 
 
 sandbox_app = typer.Typer(help="The code sandbox for code rewards.", no_args_is_help=True)

@@ -32,6 +32,25 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+_live: dict[str, object] = {}
+"""The running test server's ``ServerState``, once it exists."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def sessions_end_with_their_module() -> Iterator[None]:
+    """When a module ends, every session still open on the test server is finished, as its client's ``close`` would:
+    the cookbook's recipes never close theirs. Their training clients and samplers then leave the engine the whole
+    worker shares, rather than growing it module after module, and the SDK's heartbeat threads stop at the 410
+    rather than warn once the server is gone."""
+    yield
+    state = _live.get("state")
+    if state is None:
+        return
+    for session_id, session in list(state.sessions.items()):
+        if session.finished is None:
+            state.finish_session(session_id, session.owner, "module_ended")
+
+
 @pytest.fixture(scope="session")
 def server(rlvr_home, service) -> Iterator[LiveServer]:
     import uvicorn
@@ -44,6 +63,7 @@ def server(rlvr_home, service) -> Iterator[LiveServer]:
     port = _free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                             timeout_keep_alive=KEEP_ALIVE_S)
+    _live["state"] = app.state.rlvr
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True, name="rlvr-test-server")
     thread.start()
@@ -55,17 +75,19 @@ def server(rlvr_home, service) -> Iterator[LiveServer]:
     try:
         yield LiveServer(f"http://127.0.0.1:{port}", API_KEY, OTHER_KEY, max_body)
     finally:
+        _live.pop("state", None)
         uv.should_exit = True
         thread.join(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sdk(server: LiveServer):
-    """The official tinker SDK's ServiceClient, pointed at the test server."""
+    """The official tinker SDK's ServiceClient, pointed at the test server; one session per module."""
     import tinker
 
     client = tinker.ServiceClient(base_url=server.base_url, api_key=server.api_key)
     yield client
+    client.close("success").result(timeout=30)
 
 
 @pytest.fixture

@@ -110,6 +110,46 @@ def test_server_finished_session_is_gone(server):
         assert http.post("/asample", json=sample).status_code == 404
 
 
+def test_a_silent_session_expires_and_frees_its_models_adapter(service):
+    """A session with no heartbeat and no request for ``session_timeout_s`` (its client went away unclosed) is
+    finished as expired at the next heartbeat or new session of anyone: its models and samplers are gone (410 for the
+    session, unknown ids for the rest) and the training adapter behind its model leaves the engine. A request counts
+    as a sign of life, as a heartbeat does; a live session is left alone, and None never expires anything."""
+    import gc
+
+    from rlvr.server.state import Gone, ServerState, UnknownId
+
+    state = ServerState(service, session_timeout_s=60)
+    silent, alive, busy = (state.create_session("alice", None) for _ in range(3))
+    model = state.add_model(silent, 0, "tiny", None)
+    state.bind(model, service.create_lora_training_client("tiny", rank=2, seed=1))
+    host, adapter = model.client._trainer.host, model.client._trainer.adapter
+    state.add_sampler(silent, 0, object(), "tiny", None)
+    busy_model = state.add_model(busy, 0, "tiny", None)
+    for session in (silent, busy):
+        session.last_heartbeat -= 61
+    state.model(busy_model.model_id, "alice")  # a request in the busy session: it lives on
+    state.heartbeat(alive.session_id, "alice")
+    assert silent.finished == "expired" and "60 s" in silent.finished_detail
+    assert busy.finished is None and alive.finished is None
+    with pytest.raises(Gone):
+        state.heartbeat(silent.session_id, "alice")
+    with pytest.raises(UnknownId):
+        state.model(model.model_id, "alice")
+    with pytest.raises(UnknownId):
+        state.sampler(f"{silent.session_id}:sample:0", "alice")
+    del model
+    gc.collect()
+    service.engine.run(lambda: None)  # the release is queued on the engine thread; let it run
+    assert adapter not in host.specs
+    never = ServerState(service, session_timeout_s=None)
+    old = never.create_session("bob", None)
+    old.last_heartbeat -= 10**6
+    assert never.expire_silent_sessions() == [] and old.finished is None
+    state.close()
+    never.close()
+
+
 # -- refused requests free their seq_id -----------------------------------------------------------------------------
 
 DATUM = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3, 4]),

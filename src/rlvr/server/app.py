@@ -43,7 +43,7 @@ from rlvr.server.openai import openai_routes
 from rlvr.server.routes import futures, rest, sampling, sessions, training
 from rlvr.server.routes.context import RouteContext, owner_of
 from rlvr.server.signing import DEFAULT_LIFETIME_S, UrlSigner, load_secret
-from rlvr.server.state import Gone, SeqIdRefused, ServerState, UnknownId
+from rlvr.server.state import SESSION_TIMEOUT_S, Gone, SeqIdRefused, ServerState, UnknownId
 
 __all__ = ["create_app", "serve"]
 
@@ -60,14 +60,16 @@ GRACE_S = 30
 def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path | None = None,
                service: ServiceClient | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                long_poll_s: float = 25.0, compress_fwdbwd: bool = True, gap_timeout_s: float = 10.0,
-               url_lifetime_s: float = DEFAULT_LIFETIME_S) -> FastAPI:
+               url_lifetime_s: float = DEFAULT_LIFETIME_S,
+               session_timeout_s: float | None = SESSION_TIMEOUT_S) -> FastAPI:
     """The ASGI app serving Tinker's protocol on ``service`` (default: a ``rlvr.ServiceClient()`` on the shared engine).
 
     ``api_keys`` / ``keys_file``: accepted keys (default ``$RLVR_API_KEY`` / ``$RLVR_API_KEYS_FILE``), each ``tml-...``.
     ``long_poll_s``: how long ``/retrieve_future`` waits for a result before answering ``try_again`` (the SDK gives up
     on a poll after 45 s). ``compress_fwdbwd``: ask the SDK to zstd-compress forward_backward bodies.
     ``url_lifetime_s``: how long the signed download URLs of ``get_external_weights_urls`` hold (signed with the
-    secret in ``$RLVR_HOME/server/url-signing.key``, made on first use).
+    secret in ``$RLVR_HOME/server/url-signing.key``, made on first use). ``session_timeout_s``: a session silent that
+    long (no heartbeat, no request: its client went away unclosed) ends, freeing its models (None: never).
     """
     from rlvr.home import rlvr_home
 
@@ -76,7 +78,7 @@ def create_app(api_keys: str | list[str] | None = None, *, keys_file: str | Path
         raise ConfigurationError(f"long_poll_s={long_poll_s} must be in (0, 45): the tinker SDK abandons a "
                                  "retrieve_future poll after 45 s")
     signer = UrlSigner(load_secret(rlvr_home() / "server"), {principal_of(k) for k in keys}, url_lifetime_s)
-    state = ServerState(service, gap_timeout_s=gap_timeout_s)
+    state = ServerState(service, gap_timeout_s=gap_timeout_s, session_timeout_s=session_timeout_s)
     ctx = RouteContext(state, Catalog(state), signer, TokenizerFolders(), max_body_bytes, long_poll_s, compress_fwdbwd)
 
     @contextlib.asynccontextmanager

@@ -241,6 +241,7 @@ class Session:
     user_metadata: dict[str, Any]
     created_at: float = field(default_factory=time.time)
     last_heartbeat: float = field(default_factory=time.time)
+    """When the client last showed it was alive: a heartbeat, or any request in this session."""
     finished: str | None = None
     finished_detail: str | None = None
     """What the client said when it closed the session (``ServiceClient.close(status, detail)``)."""
@@ -273,11 +274,22 @@ class SamplerEntry:
     seq: itertools.count = field(default_factory=itertools.count)
 
 
+SESSION_TIMEOUT_S = 300.0
+"""How long a session may stay silent (no heartbeat, no request) before the server ends it (``rlvr serve
+--session-timeout``); the tinker SDK heartbeats every 10 s and warns after two minutes without one."""
+
+
 class ServerState:
     """Every session, model, sampler and future of one server, over one ``rlvr.ServiceClient``."""
 
     def __init__(self, service: ServiceClient | None = None, *, gap_timeout_s: float = 10.0,
-                 future_ttl_s: float = 900.0, dispatch_threads: int = 8) -> None:
+                 future_ttl_s: float = 900.0, dispatch_threads: int = 8,
+                 session_timeout_s: float | None = SESSION_TIMEOUT_S) -> None:
+        """``session_timeout_s``: a session silent that long (no heartbeat, no request) is finished as expired,
+        freeing its models and samplers (None: never)."""
+        if session_timeout_s is not None and session_timeout_s <= 0:
+            raise ValueError(f"session_timeout_s={session_timeout_s} must be positive (None: sessions never expire)")
+        self.session_timeout_s = session_timeout_s
         self.service = service or ServiceClient()
         self.pool = ThreadPoolExecutor(max_workers=dispatch_threads, thread_name_prefix="rlvr-server")
         self.futures = FutureStore(future_ttl_s)
@@ -294,6 +306,7 @@ class ServerState:
     # -- sessions ---------------------------------------------------------------------------------------------------
 
     def create_session(self, owner: str, user_metadata: dict[str, Any] | None) -> Session:
+        self.expire_silent_sessions()
         session = Session(f"session-{uuid.uuid4().hex[:16]}", owner, dict(user_metadata or {}))
         with self._lock:
             self.sessions[session.session_id] = session
@@ -305,7 +318,31 @@ class ServerState:
             raise UnknownId(f"session_id {session_id!r} is unknown; create one with /api/v1/create_session")
         if live and session.finished is not None:
             raise Gone(f"session {session_id!r} has finished ({session.finished}); start a new ServiceClient")
+        if live:
+            session.last_heartbeat = time.time()
         return session
+
+    def heartbeat(self, session_id: str, owner: str) -> None:
+        """A live session's heartbeat (Gone once it finished); also the moment to expire silent sessions."""
+        self.expire_silent_sessions()
+        self.session(session_id, owner)
+
+    def expire_silent_sessions(self, now: float | None = None) -> list[str]:
+        """Finish, as ``expired``, every live session silent for ``session_timeout_s``: its client went away without
+        closing it (the tinker SDK heartbeats every 10 s while a ServiceClient lives, and Tinker ends such sessions
+        too). Its models and samplers are dropped, so their adapters leave the engine once no other code holds their
+        clients. Returns the expired sessions' ids."""
+        if self.session_timeout_s is None:
+            return []
+        now = time.time() if now is None else now
+        silent = [s for s in list(self.sessions.values())
+                  if s.finished is None and now - s.last_heartbeat > self.session_timeout_s]
+        for session in silent:
+            self.finish_session(session.session_id, session.owner, "expired",
+                                f"no heartbeat or request for {self.session_timeout_s:g} s")
+            log.info("session %s expired (silent for %.0f s); its models and samplers were dropped",
+                     session.session_id, now - session.last_heartbeat)
+        return [s.session_id for s in silent]
 
     def finish_session(self, session_id: str, owner: str, reason: str, detail: str | None = None) -> None:
         session = self.session(session_id, owner, live=False)
@@ -373,5 +410,10 @@ class ServerState:
         return entry
 
     def close(self) -> None:
+        """The server stops: every live session ends (``server_stopped``), dropping its models and samplers, and the
+        dispatch pool takes no more work."""
+        for session in list(self.sessions.values()):
+            if session.finished is None:
+                self.finish_session(session.session_id, session.owner, "server_stopped")
         self.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -9,7 +9,6 @@ gone (``state.py``), the API key check that ``healthz`` alone skips (``auth.py``
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pydantic
@@ -64,7 +63,7 @@ async def create_session(body: Body, ctx: Ctx, owner: Owner) -> dict:
 @router.post("/api/v1/session_heartbeat")
 async def heartbeat(body: Body, ctx: Ctx, owner: Owner) -> dict:
     req = wire.parse_json(types.SessionHeartbeatRequest, body)
-    ctx.state.session(req.session_id, owner).last_heartbeat = time.time()
+    ctx.state.heartbeat(req.session_id, owner)
     return {"type": "session_heartbeat"}
 
 
