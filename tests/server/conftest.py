@@ -43,12 +43,8 @@ def sessions_end_with_their_module() -> Iterator[None]:
     worker shares, rather than growing it module after module, and the SDK's heartbeat threads stop at the 410
     rather than warn once the server is gone."""
     yield
-    state = _live.get("state")
-    if state is None:
-        return
-    for session_id, session in list(state.sessions.items()):
-        if session.finished is None:
-            state.finish_session(session_id, session.owner, "module_ended")
+    if "state" in _live:
+        _live["state"].finish_live_sessions("module_ended")
 
 
 @pytest.fixture(scope="session")

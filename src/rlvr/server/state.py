@@ -335,14 +335,22 @@ class ServerState:
         if self.session_timeout_s is None:
             return []
         now = time.time() if now is None else now
-        silent = [s for s in list(self.sessions.values())
-                  if s.finished is None and now - s.last_heartbeat > self.session_timeout_s]
+        silent = self.finish_live_sessions("expired", f"no heartbeat or request for {self.session_timeout_s:g} s",
+                                           silent_since=now - self.session_timeout_s)
         for session in silent:
-            self.finish_session(session.session_id, session.owner, "expired",
-                                f"no heartbeat or request for {self.session_timeout_s:g} s")
             log.info("session %s expired (silent for %.0f s); its models and samplers were dropped",
                      session.session_id, now - session.last_heartbeat)
         return [s.session_id for s in silent]
+
+    def finish_live_sessions(self, reason: str, detail: str | None = None, *,
+                             silent_since: float | None = None) -> list[Session]:
+        """Finish every live session (only those silent since ``silent_since``, when given) as ``reason``, dropping
+        their models and samplers; returns them."""
+        live = [s for s in list(self.sessions.values()) if s.finished is None
+                and (silent_since is None or s.last_heartbeat < silent_since)]
+        for session in live:
+            self.finish_session(session.session_id, session.owner, reason, detail)
+        return live
 
     def finish_session(self, session_id: str, owner: str, reason: str, detail: str | None = None) -> None:
         session = self.session(session_id, owner, live=False)
@@ -412,8 +420,6 @@ class ServerState:
     def close(self) -> None:
         """The server stops: every live session ends (``server_stopped``), dropping its models and samplers, and the
         dispatch pool takes no more work."""
-        for session in list(self.sessions.values()):
-            if session.finished is None:
-                self.finish_session(session.session_id, session.owner, "server_stopped")
+        self.finish_live_sessions("server_stopped")
         self.pool.shutdown(wait=False, cancel_futures=True)
 
