@@ -113,3 +113,70 @@ def test_a_unit_decodes_apart_from_requests_that_arrive_with_it(decoded):
     assert decoded == [(("a", None), [(1, 1), (6, 1)]), (("a", None), [(2, 2), (3, 2)]), (("a", None), [(4, 2)]),
                        (("a", None), [(5, 1)])]
     assert [len(f.result(timeout=0).sequences) for f in (single, *unit, *other, late)] == [1, 2, 2, 2, 1, 1]
+
+
+def _settled(future):
+    try:
+        future.result(timeout=0)
+    except TimeoutError:
+        return False
+    return True
+
+
+class _Clock:
+    """Stands in for the queue's ``time``: a sleep moves the clock on and calls ``on_sleep`` (new arrivals)."""
+
+    def __init__(self, on_sleep):
+        self.now = 0.0
+        self.sleeps = 0
+        self.on_sleep = on_sleep
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.sleeps += 1
+        assert self.sleeps < 100, "drain never stopped gathering"
+        self.on_sleep(self.sleeps)
+
+
+@pytest.mark.parametrize(("arrivals", "sleeps", "first_batch"), [
+    (0, 1, 1),  # nothing else comes: one quiet window, then the decode
+    (5, 6, 6),  # one arrives in each of five windows: all six decode together after the first quiet window
+    (50, 11, 12),  # they never stop: gathering ends at the deadline, ten windows on; the rest make the next batch
+])
+def test_drain_waits_until_a_window_passes_with_no_new_request_or_ten_windows(decoded, monkeypatch, arrivals,
+                                                                             sleeps, first_batch):
+    from rlvr.engine import sample_queue
+
+    queue = SampleQueue(_Recorder(), lambda *args: None, max_rows=1000, sample_batch=decoded.decode)
+    on = SimpleNamespace(host=_host("a"), adapter=None)
+    futures = [queue.submit(on, _job(0, 1), ScoreRequest())]
+
+    def arrive(sleep):
+        if sleep <= arrivals:
+            futures.append(queue.submit(on, _job(sleep, 1), ScoreRequest()))
+
+    clock = _Clock(arrive)
+    monkeypatch.setattr(sample_queue, "time", clock)
+    monkeypatch.setattr(sample_queue, "SAMPLE_GATHER_S", 1.0)  # whole seconds: the deadline's sum is exact
+    queue.drain()
+    assert clock.sleeps == sleeps
+    assert decoded[0] == (("a", None), [(t, 1) for t in range(first_batch)])
+    assert all(map(_settled, futures[:first_batch])) and not any(map(_settled, futures[first_batch:]))
+    clock.on_sleep = lambda sleep: None
+    queue.drain()
+    assert all(map(_settled, futures))
+
+
+def test_drain_does_not_wait_when_only_units_are_queued(decoded, monkeypatch):
+    from rlvr.engine import sample_queue
+
+    queue = SampleQueue(_Recorder(), lambda *args: None, max_rows=8, sample_batch=decoded.decode)
+    on = SimpleNamespace(host=_host("a"), adapter=None)
+    unit = queue.submit_unit([(on, _job(t, 2), ScoreRequest()) for t in (1, 2)])
+    clock = _Clock(lambda sleep: None)
+    monkeypatch.setattr(sample_queue, "time", clock)
+    queue.drain()
+    assert clock.sleeps == 0 and all(map(_settled, unit))

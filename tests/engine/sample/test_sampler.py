@@ -307,11 +307,13 @@ def test_draws_follow_the_distribution():
 
 def test_requests_submitted_back_to_back_decode_as_one_batch(monkeypatch):
     # The engine thread wakes on the first request; a loop of sample() calls that does some work between them
-    # (rendering the next prompt, here 0.5 ms) must still become one batch.
+    # (rendering the next prompt, here 0.5 ms) must still become one batch. The window is widened from 2 ms to
+    # 0.5 s so that a busy machine pausing the loop cannot split the batch (a 2 ms window did, in a full suite);
+    # the window's own logic is tested on a fake clock in ``test_sample_queue.py``.
     import time
 
     import rlvr
-    from rlvr.engine import Engine
+    from rlvr.engine import Engine, sample_queue
 
     batches = []
     engine = Engine()
@@ -325,6 +327,7 @@ def test_requests_submitted_back_to_back_decode_as_one_batch(monkeypatch):
     sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model="tiny")
     sampler.sample(types.ModelInput.from_ints([1]), 1, types.SamplingParams(max_tokens=1)).result()  # load
     batches.clear()
+    monkeypatch.setattr(sample_queue, "SAMPLE_GATHER_S", 0.5)
     params = types.SamplingParams(max_tokens=3, seed=0)
     futures = []
     for i in range(8):
@@ -339,6 +342,8 @@ def test_a_unit_gives_the_same_logprobs_bit_for_bit_whatever_arrives_with_it(tra
     # requests share a decode moves each one's logprobs in the last bits. Requests sent one by one join whatever
     # else is waiting; sent as a unit (sample_many, the loop's way) they decode alone, so a crowd of other requests
     # arriving with them changes nothing.
+    import threading
+
     from rlvr.engine.cpu import decode
 
     monkeypatch.setattr(decode.LlamaDecoder, "build", classmethod(lambda cls, model: None))
@@ -357,7 +362,10 @@ def test_a_unit_gives_the_same_logprobs_bit_for_bit_whatever_arrives_with_it(tra
     after = [sampler.sample(p, 5, params) for p in crowd]
     assert logprobs(f.result() for f in crowded) == alone
     assert all(len(f.result().sequences) == 5 for f in before + after)
+    gate = threading.Event()
+    sampler.engine.submit(gate.wait)  # the engine thread waits while the single requests queue up, so they do meet
     one_by_one = [sampler.sample(p, 5, params) for p in crowd[:2]] + [sampler.sample(*r) for r in unit]
+    gate.set()
     mixed = logprobs(f.result() for f in one_by_one[2:])  # sent singly, the unit's prompts joined the crowd
     assert mixed != alone, "this batch does not move logprobs, so the test above could not fail"
     bad = sampler.sample_many([unit[0], (types.ModelInput.from_ints([]), 1, params)])  # the bad one fails alone
