@@ -193,6 +193,37 @@ def test_adapter_changes_the_logits(host):
     assert (out[0] - out[1]).abs().max() > 1e-3
 
 
+def test_adapter_packs_are_kept_until_the_adapter_changes_in_place_or_is_replaced():
+    # A decoder is built for every sampling batch; its oneDNN packs of the LoRA weights are kept between builds, and
+    # must be made anew when the weights change (an optimizer step or a state load changes them in place; a weight
+    # may also be replaced by another tensor), or the sampler would decode with the old adapter.
+    if not decode.pack_adapters():
+        pytest.skip("this torch has no oneDNN matmul: adapters are not packed")
+    host = tuned_host(load_base_model("tiny"))
+
+    def logits_and_pack(model):
+        decoder = started_decoder(model, torch.tensor([0]))
+        step = decoder.step(torch.tensor([9]), torch.tensor([len(PROMPTS[0])]))
+        torch.testing.assert_close(step[0], reference_logits(model, [*PROMPTS[0], 9]), atol=3e-4, rtol=1e-4)
+        return step, decoder.layers[0].qkv.adapters[0].a
+
+    with host.active("tuned") as model:
+        first, pack = logits_and_pack(model)
+        again, kept = logits_and_pack(model)
+        assert kept is pack and torch.equal(again, first)  # unchanged weights: the pack is reused
+        lora_a = model.base_model.model.model.layers[0].self_attn.q_proj.lora_A["tuned"]
+        with torch.no_grad():
+            lora_a.weight.mul_(3.0)  # in place, as an optimizer step
+        stepped, pack = logits_and_pack(model)
+        assert pack is not kept and (stepped - first).abs().max() > 1e-3
+        host.load_state_dict("tuned", {k: v.clone() * 0.5 for k, v in host.state_dict("tuned").items()})
+        loaded, _ = logits_and_pack(model)
+        assert (loaded - stepped).abs().max() > 1e-3
+        lora_a.weight = torch.nn.Parameter(lora_a.weight.detach() * 2.0)  # another tensor in its place
+        replaced, _ = logits_and_pack(model)
+        assert (replaced - loaded).abs().max() > 1e-3
+
+
 def test_other_architectures_fall_back_to_hugging_face():
     # sliding-window layers (Qwen2 with use_sliding_window): not this decoder's attention
     config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -163,7 +163,7 @@ def _projections(modules: list[torch.nn.Module]) -> _Projections:
                 continue
             if name in getattr(module, "lora_variant", {}) or module.lora_B[name].bias is not None:
                 raise _Unsupported("a LoRA variant or LoRA bias")
-            by_name.setdefault(name, []).append((index, module.lora_A[name].weight, module.lora_B[name].weight,
+            by_name.setdefault(name, []).append((index, module.lora_A[name], module.lora_B[name],
                                                  float(module.scaling[name])))
     if any(b is None for b in biases) and any(b is not None for b in biases):
         raise _Unsupported("projections with and without bias sharing an input")
@@ -175,14 +175,36 @@ def _projections(modules: list[torch.nn.Module]) -> _Projections:
     for parts in by_name.values():
         offsets = [0]
         for _, a, _, _ in parts:
-            offsets.append(offsets[-1] + a.shape[0])
-        stacked = torch.cat([a for _, a, _, _ in parts]) if len(parts) > 1 else parts[0][1]
+            offsets.append(offsets[-1] + a.weight.shape[0])
+        a_modules = [a for _, a, _, _ in parts]
         adapters.append(_Adapter(
-            pack(stacked.detach(), "mkldnn", TIMING_ROWS) if packed else stacked,
+            _adapter_pack(a_modules) if packed
+            else torch.cat([a.weight for a in a_modules]) if len(a_modules) > 1 else a_modules[0].weight,
             [(slice(columns[index], columns[index + 1]), slice(offsets[i], offsets[i + 1]),
-              pack(b.detach(), "mkldnn", TIMING_ROWS) if packed else b, scale)
+              _adapter_pack([b]) if packed else b.weight, scale)
              for i, (index, _, b, scale) in enumerate(parts)], packed))
     return _Projections(weights, biases, adapters)
+
+
+# oneDNN packs of LoRA weights, by the first LoRA module packed (weakly held, so a pack goes with its adapter):
+# (stamp, pack). A decoder is built for every sampling batch, and packing every adapter of SmolLM2 took ~90 ms of a
+# 400 ms request. LoRA weights change in place (an optimizer step, a state load: their version counter moves) or are
+# replaced (another tensor, another address): either changes the stamp.
+_ADAPTER_PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _adapter_pack(modules: list[torch.nn.Module]) -> torch.Tensor:
+    """oneDNN's pack of the weights of ``modules`` (LoRA A or B layers) stacked by rows, reused while none of them
+    has changed."""
+    weights = [m.weight for m in modules]
+    stamp = tuple((id(m), id(w), w.data_ptr(), w._version) for m, w in zip(modules, weights, strict=True))
+    kept = _ADAPTER_PACKS.get(modules[0])
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
+    stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
+    packed = pack(stacked.detach(), "mkldnn", TIMING_ROWS)
+    _ADAPTER_PACKS[modules[0]] = (stamp, packed)
+    return packed
 
 
 # Packed weights per base model (weakly held, so they go with the model): (kind, row count, packed per projection).
