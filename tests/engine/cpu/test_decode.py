@@ -224,6 +224,24 @@ def test_adapter_packs_are_kept_until_the_adapter_changes_in_place_or_is_replace
         assert (replaced - loaded).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize(("targets", "groups"), [(["q_proj", "v_proj", "up_proj"], 2),
+                                                (["k_proj", "gate_proj", "o_proj"], 3)])
+def test_an_adapter_on_some_projections_of_a_group_gives_the_models_logits(targets, groups):
+    # The B matrices of projections sharing an input (q, k, v; gate, up) multiply as one block-diagonal matrix; an
+    # adapter that leaves some of them out (a peft adapter trained elsewhere) leaves zeros in their columns.
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(load_base_model("tiny").model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    model.eval()
+    decoder = started_decoder(model, torch.tensor([0, 1, 1, 2]))
+    assert sum(len(p.adapters) for p in decoder.projections) == groups * len(decoder.layers)
+    decode_against_the_model(model, decoder, PROMPTS, torch.tensor([0, 1, 1, 2]), {}, seed=3)
+
+
 def test_other_architectures_fall_back_to_hugging_face():
     # sliding-window layers (Qwen2 with use_sliding_window): not this decoder's attention
     config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

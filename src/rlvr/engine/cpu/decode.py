@@ -5,11 +5,11 @@ a LoRA wrapper (dropout, two matmuls, a scale, an add) per projection, an attent
 flash kernel on a query of length 1. This module runs the same arithmetic with the model's own weights (no copy):
 
 - each projection is one matmul on the base weight plus, per active LoRA adapter, the adapter's A once per input
-  (q, k and v share one A-matmul, so do gate and up) and one product per B, scaled as peft scales it (on oneDNN
-  packs of A and B where torch has oneDNN, ``pack_adapters``). Adapters stay unmerged, so any number of sampler
-  snapshots share the one base model. On a CPU with AMX the base matmuls
-  run on ``amx_linear`` (three bfloat16 products per float32 one), which also computes their input: the RMSNorms
-  and the MLP's SiLU(gate) * up cost no op of their own; elsewhere, on AVX2 and FMA, on ``fma_linear`` (float32
+  (q, k and v share one A-matmul, so do gate and up) and one product per B, scaled as peft scales it (on packs of
+  A and B for rlvr's FMA kernel or oneDNN's, ``adapter_kind``; the B of a group as one block-diagonal matrix).
+  Adapters stay unmerged, so any number of sampler snapshots share the one base model. On a CPU with AMX the base
+  matmuls run on ``amx_linear`` (three bfloat16 products per float32 one), which also computes their input: the
+  RMSNorms and the MLP's SiLU(gate) * up cost no op of their own; elsewhere, on AVX2 and FMA, on ``fma_linear`` (float32
   products built for a few dozen rows);
 - rows that continue one prompt sit in chunks of consecutive slots, and a chunk holds its prompt's keys and values
   once: attention reads a prompt once per chunk (its rows' queries side by side in one product), not once per row,
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvr.engine.cpu import amx_linear, fused_attention
+from rlvr.engine.cpu import amx_linear, fma_linear, fused_attention
 from rlvr.engine.cpu.packed import fastest_kind, model_kind, pack, pack_kinds, packed_linear, packs_fit
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")  # the Llama family this step runs
@@ -66,13 +66,13 @@ ROTARY_BLOCK = 256  # positions whose rotary embedding is computed together (``L
 class _Adapter:
     """One LoRA adapter on a group of projections sharing an input: ``a`` stacks their A matrices.
 
-    With ``packed``, A and each B are oneDNN packs (``pack_adapters``), whose products round each row alike
-    whatever the row count; else they are the module weights, multiplied by ``F.linear``.
+    With a ``kind``, A and each B are packs for that kernel (``adapter_kind``), whose products round each row
+    alike whatever the row count; else they are the module weights, multiplied by ``F.linear``.
     """
 
     a: torch.Tensor  # (sum r, in)
     parts: list[tuple[slice, slice, torch.Tensor, float]]  # (output columns, rows of a, B (out, r), scale)
-    packed: bool = False
+    kind: str = ""
 
 
 @dataclass
@@ -123,24 +123,43 @@ class _Projections:
         """``out`` plus each active adapter's product on the input ``x`` (None only when there are none), scaled as
         peft scales it: out + (x A^T B^T) * scale."""
         for adapter in self.adapters:
-            if not adapter.packed:
+            if not adapter.kind:
                 low = F.linear(x, adapter.a)  # (R, sum r)
                 for columns, rows, b, scale in adapter.parts:
                     out[:, columns].addmm_(low[:, rows], b.t(), alpha=scale)
                 continue
-            low = packed_linear(x.contiguous(), adapter.a, "mkldnn", None, None, 0)  # (R, sum r)
+            low = _adapter_product(x.contiguous(), adapter.a, adapter.kind, adapter.parts[-1][1].stop)  # (R, sum r)
             single = len(adapter.parts) == 1
             for columns, rows, b, scale in adapter.parts:
-                product = packed_linear(low if single else low[:, rows].contiguous(), b, "mkldnn", None, None, 0)
+                product = _adapter_product(low if single else low[:, rows].contiguous(), b, adapter.kind,
+                                           columns.stop - columns.start)
                 out[:, columns].add_(product.mul_(scale))  # a multiply, then an add: each rounds once, row by row
         return out
 
 
+def adapter_kind() -> str:
+    """The kernel LoRA adapters' products run on: rlvr's FMA kernel where it runs here, else oneDNN's packed matmul
+    where torch has it, else "" (``F.linear`` on the module weights). Unlike MKL's ``F.linear``, which takes another
+    path for 1 to 3 rows or an odd count, both round each row alike whatever the row count, so a sampled row does
+    not depend on what else is in the batch. The FMA kernel's call costs a few microseconds where oneDNN's costs
+    tens, and a decode step makes about eight such calls a layer: a LoRA on every projection of SmolLM2 took 40%
+    of a one-row step on oneDNN's."""
+    kinds = pack_kinds()
+    if "fma" in kinds and fma_linear.kernel() is not None:
+        return "fma"
+    return "mkldnn" if "mkldnn" in kinds else ""
+
+
 def pack_adapters() -> bool:
-    """Whether LoRA adapters' products run on oneDNN packs (where this torch has oneDNN's matmul): unlike MKL's
-    ``F.linear``, which takes another path for 1 to 3 rows or an odd count, their rows come out the same whatever
-    the row count, so a sampled row does not depend on what else is in the batch."""
-    return "mkldnn" in pack_kinds()
+    """Whether LoRA adapters' products run on packs whose rows come out alike at any row count (``adapter_kind``)."""
+    return bool(adapter_kind())
+
+
+def _adapter_product(x: torch.Tensor, packed: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
+    """``x`` (R, in) times the LoRA matrix ``packed`` holds for ``kind`` (``_adapter_pack``), (R, ``out_features``)."""
+    if kind == "fma":
+        return fma_linear.linear(fma_linear.kernel(), x, packed, out_features)
+    return packed_linear(x, packed, "mkldnn", None, None, 0)
 
 
 class _Unsupported(Exception):
@@ -171,38 +190,55 @@ def _projections(modules: list[torch.nn.Module]) -> _Projections:
     for w in weights:
         columns.append(columns[-1] + w.shape[0])
     adapters = []
-    packed = pack_adapters()
+    kind = adapter_kind()
     for parts in by_name.values():
         offsets = [0]
         for _, a, _, _ in parts:
             offsets.append(offsets[-1] + a.weight.shape[0])
         a_modules = [a for _, a, _, _ in parts]
+        if kind and len(parts) > 1 and len({scale for *_, scale in parts}) == 1:
+            # One product for the whole group: B of each part in its own block (its output columns, its rows of
+            # A's result), zeros elsewhere. A zero term adds nothing, so each output is the sum its part's own
+            # product gives, at one call per group instead of one per projection.
+            blocks = [(slice(columns[index], columns[index + 1]), slice(offsets[i], offsets[i + 1]))
+                      for i, (index, *_) in enumerate(parts)]
+            b_all = _adapter_pack([b for _, _, b, _ in parts], kind, (columns[-1], offsets[-1]), blocks)
+            adapters.append(_Adapter(_adapter_pack(a_modules, kind),
+                                     [(slice(0, columns[-1]), slice(0, offsets[-1]), b_all, parts[0][3])], kind))
+            continue
         adapters.append(_Adapter(
-            _adapter_pack(a_modules) if packed
+            _adapter_pack(a_modules, kind) if kind
             else torch.cat([a.weight for a in a_modules]) if len(a_modules) > 1 else a_modules[0].weight,
             [(slice(columns[index], columns[index + 1]), slice(offsets[i], offsets[i + 1]),
-              _adapter_pack([b]) if packed else b.weight, scale)
-             for i, (index, _, b, scale) in enumerate(parts)], packed))
+              _adapter_pack([b], kind) if kind else b.weight, scale)
+             for i, (index, _, b, scale) in enumerate(parts)], kind))
     return _Projections(weights, biases, adapters)
 
 
-# oneDNN packs of LoRA weights, by the first LoRA module packed (weakly held, so a pack goes with its adapter):
-# (stamp, pack). A decoder is built for every sampling batch, and packing every adapter of SmolLM2 took ~90 ms of a
-# 400 ms request. LoRA weights change in place (an optimizer step, a state load: their version counter moves) or are
-# replaced (another tensor, another address): either changes the stamp.
+# Packs of LoRA weights (``adapter_kind``), by the first LoRA module packed (weakly held, so a pack goes with its
+# adapter): (stamp, pack). A decoder is built for every sampling batch, and packing every adapter of SmolLM2 took
+# ~90 ms of a 400 ms request. LoRA weights change in place (an optimizer step, a state load: their version counter
+# moves) or are replaced (another tensor, another address): either changes the stamp.
 _ADAPTER_PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
-def _adapter_pack(modules: list[torch.nn.Module]) -> torch.Tensor:
-    """oneDNN's pack of the weights of ``modules`` (LoRA A or B layers) stacked by rows, reused while none of them
-    has changed."""
+def _adapter_pack(modules: list[torch.nn.Module], kind: str, shape: tuple[int, int] | None = None,
+                  blocks: list[tuple[slice, slice]] | None = None) -> torch.Tensor:
+    """The ``kind`` pack of the weights of ``modules`` (LoRA A or B layers) stacked by rows, or, with ``shape``,
+    each placed in its block of ``blocks`` (rows, columns) of a zero matrix; reused while none of them has
+    changed."""
     weights = [m.weight for m in modules]
-    stamp = tuple((id(m), id(w), w.data_ptr(), w._version) for m, w in zip(modules, weights, strict=True))
+    stamp = (kind, *((id(m), id(w), w.data_ptr(), w._version) for m, w in zip(modules, weights, strict=True)))
     kept = _ADAPTER_PACKS.get(modules[0])
     if kept is not None and kept[0] == stamp:
         return kept[1]
-    stacked = torch.cat(weights) if len(weights) > 1 else weights[0]
-    packed = pack(stacked.detach(), "mkldnn", TIMING_ROWS)
+    if shape is None:
+        whole = torch.cat(weights) if len(weights) > 1 else weights[0]
+    else:
+        whole = torch.zeros(shape, dtype=weights[0].dtype)
+        for weight, (rows, columns) in zip(weights, blocks, strict=True):
+            whole[rows, columns] = weight.detach()
+    packed = pack(whole.detach(), kind, TIMING_ROWS)
     _ADAPTER_PACKS[modules[0]] = (stamp, packed)
     return packed
 
