@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr import types
-from rlvr.engine.cpu import decode, fused_attention
+from rlvr.engine.cpu import decode, fma_linear, fused_attention
 from rlvr.engine.cpu.decode import LlamaDecoder
 from rlvr.engine.models.load import LoadedModel, load_base_model
 from rlvr.engine.models.lora import AdapterHost, LoraSpec
@@ -191,6 +191,19 @@ def test_adapter_changes_the_logits(host):
             decoder.start(cache, mask, torch.tensor([0]), capacity=8)
             out.append(decoder.step(torch.tensor([9]), torch.tensor([3])))
     assert (out[0] - out[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["fma", "mkldnn", ""])
+def test_each_adapter_kernel_gives_the_models_logits(host, kind, monkeypatch):
+    # The adapters' products run on the FMA kernel, else on oneDNN's, else on F.linear (``adapter_kind``): each
+    # machine takes one, so each is checked here on whichever this machine has.
+    if (kind == "fma" and fma_linear.kernel() is None) or (kind == "mkldnn" and "mkldnn" not in decode.pack_kinds()):
+        pytest.skip(f"no {kind} kernel here")
+    monkeypatch.setattr(decode, "adapter_kind", lambda: kind)
+    with host.active("tuned") as model:
+        decoder = started_decoder(model, torch.tensor([0, 0, 1, 2]))
+        assert all(a.kind == kind for p in decoder.projections for a in p.adapters)
+        decode_against_the_model(model, decoder, PROMPTS, torch.tensor([0, 0, 1, 2]), {2: [0, 3]}, seed=5)
 
 
 def test_adapter_packs_are_kept_until_the_adapter_changes_in_place_or_is_replaced():
