@@ -55,24 +55,6 @@ def test_products_equal_three_bfloat16_products_by_hand(kernel, rows, inputs, ou
     assert ((out.double() - exact).abs() / scale).max() < 4e-6
 
 
-@pytest.mark.parametrize(("rows", "inputs", "outputs"), [(1, 40, 20), (8, 896, 1152), (33, 64, 96), (64, 576, 960)])
-def test_the_one_product_form_is_a_bfloat16_product(kernel, rows, inputs, outputs):
-    # Packs of the high parts alone: ah Wh in float32 sums, what a bfloat16 matmul computes (the trainer's product
-    # when the base runs in bfloat16), not the float32 product; and still row by row.
-    generator = torch.Generator().manual_seed(rows + inputs)
-    x = torch.randn(rows, inputs, generator=generator)
-    weight = torch.randn(outputs, inputs, generator=generator) * 0.05
-    packed_high = amx_linear.pack(weight, products=1)
-    assert packed_high.shape[2] == 1 and packed_high.numel() * 2 == amx_linear.pack(weight).numel()
-    out = amx_linear.linear(kernel, x, packed_high, outputs)
-    (ah, _), (wh, _) = parts(x), parts(weight)
-    scale = x.double().abs() @ weight.double().abs().T
-    assert ((out.double() - ah @ wh.T).abs() / scale).max() < 1e-6
-    exact = x.double() @ weight.double().T
-    assert ((out.double() - exact).abs() / scale).max() > 1e-4  # bfloat16's rounding shows: not the float32 form
-    assert torch.equal(amx_linear.linear(kernel, x[-1:], packed_high, outputs), out[-1:])
-
-
 def test_a_rows_products_do_not_depend_on_the_rows_beside_it(kernel):
     # A row's result, bit for bit, alone, among 16 (one row tile) or among 40 (two groups of two tiles): what lets a
     # seeded request decode to the same tokens whatever is batched beside it.

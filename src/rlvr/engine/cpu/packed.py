@@ -8,9 +8,7 @@ layout a kernel reads fastest. The kernels ("kinds") this module packs for and c
 - ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products on AMX tiles
   (~16 bits of each product where float32 keeps ~22), any row count, where the CPU has AMX;
 - ``fma``: rlvr's float32 kernel for a few dozen rows (``fma_linear``), AVX2 and FMA, any row count;
-- ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for;
-- ``bf16x1``: rlvr's AMX kernel as one plain bfloat16 product (the same product as ``bf16``, summed in another
-  order), for the sampler's decode steps when ``precision="bfloat16"`` is asked for and the CPU has AMX.
+- ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for.
 
 Which kind a use gets (``fastest_kind``): a fixed preference, not timing, so that every process of a machine (two
 runs of one seed, a resume, a Ray replica and the driver) rounds the same way: the AMX kernel where it runs, else
@@ -118,8 +116,6 @@ def pack(weight: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), rows)
     if kind == "bf16x3":
         return amx_linear.pack(weight)
-    if kind == "bf16x1":
-        return amx_linear.pack(weight, products=1)
     if kind == "fma":
         return fma_linear.pack(weight)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
@@ -135,7 +131,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
     if kind == "bf16":
         out = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), packed, None, "none", [], "").float()
         return out if bias is None else out.add_(bias)
-    if kind in ("bf16x3", "bf16x1"):
+    if kind == "bf16x3":
         out = amx_linear.linear(amx_linear.kernel(), x, packed, shape.shape[0])
         return out if bias is None else out.add_(bias)
     if kind == "fma":
