@@ -210,7 +210,7 @@ def test_adapter_packs_are_kept_until_the_adapter_changes_in_place_or_is_replace
     # A decoder is built for every sampling batch; its oneDNN packs of the LoRA weights are kept between builds, and
     # must be made anew when the weights change (an optimizer step or a state load changes them in place; a weight
     # may also be replaced by another tensor), or the sampler would decode with the old adapter.
-    if not decode.pack_adapters():
+    if not decode.adapter_kind():
         pytest.skip("this torch has no oneDNN matmul: adapters are not packed")
     host = tuned_host(load_base_model("tiny"))
 

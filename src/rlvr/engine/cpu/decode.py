@@ -31,7 +31,7 @@ its logits against the model's forward, with and without LoRA.
 A row's logits depend on that row alone, bit for bit, not on the other rows, their number, the chunks or the
 prompts' padding (what the sampler's seed guarantee needs, ``sample/sampler.py``): the base products run on packs
 whose rows come out alike at any row count (oneDNN's, the FMA and AMX kernels), so do the adapters'
-(``pack_adapters``); the fused kernel attends row by row (``decode_attention.c``); norms, activations and the rotary
+(``adapter_kind``); the fused kernel attends row by row (``decode_attention.c``); norms, activations and the rotary
 embedding (one table, ``_rotary``) work row by row. Not so with a plain ``F.linear`` (MKL rounds 1 to 3 rows, and
 odd counts, otherwise than 4 or more) or PyTorch's attention ops.
 
@@ -150,11 +150,6 @@ def adapter_kind() -> str:
     return "mkldnn" if "mkldnn" in kinds else ""
 
 
-def pack_adapters() -> bool:
-    """Whether LoRA adapters' products run on packs whose rows come out alike at any row count (``adapter_kind``)."""
-    return bool(adapter_kind())
-
-
 def _adapter_product(x: torch.Tensor, packed: torch.Tensor, kind: str, out_features: int) -> torch.Tensor:
     """``x`` (R, in) times the LoRA matrix ``packed`` holds for ``kind`` (``_adapter_pack``), (R, ``out_features``)."""
     if kind == "fma":
@@ -166,8 +161,9 @@ class _Unsupported(Exception):
     """The model holds something this decoder does not reproduce; the sampler falls back to Hugging Face."""
 
 
-def _projections(modules: list[torch.nn.Module]) -> _Projections:
-    """Read base weights and active plain-LoRA adapters from ``modules`` (nn.Linear or peft's LoRA Linear)."""
+def _projections(modules: list[torch.nn.Module], kind: str) -> _Projections:
+    """Read base weights and active plain-LoRA adapters from ``modules`` (nn.Linear or peft's LoRA Linear), the
+    adapters packed for ``kind`` (``adapter_kind``; "": unpacked)."""
     weights, biases, by_name = [], [], {}
     for index, module in enumerate(modules):
         base = getattr(module, "base_layer", module)
@@ -190,7 +186,6 @@ def _projections(modules: list[torch.nn.Module]) -> _Projections:
     for w in weights:
         columns.append(columns[-1] + w.shape[0])
     adapters = []
-    kind = adapter_kind()
     for parts in by_name.values():
         offsets = [0]
         for _, a, _, _ in parts:
@@ -361,16 +356,18 @@ class LlamaDecoder:
             return None
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
             return None  # sliding-window layers (a Qwen2 with use_sliding_window)
+        kind = adapter_kind()  # once per decoder: it looks for a compiler and the machine's kernels
         try:
             layers = [
                 _Layer(layer.input_layernorm,
-                       _projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
-                       _projections([layer.self_attn.o_proj]), layer.post_attention_layernorm,
-                       _projections([layer.mlp.gate_proj, layer.mlp.up_proj]), _projections([layer.mlp.down_proj]),
+                       _projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], kind),
+                       _projections([layer.self_attn.o_proj], kind), layer.post_attention_layernorm,
+                       _projections([layer.mlp.gate_proj, layer.mlp.up_proj], kind),
+                       _projections([layer.mlp.down_proj], kind),
                        getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None))
                 for layer in causal_lm.model.layers
             ]
-            head = _projections([causal_lm.lm_head])
+            head = _projections([causal_lm.lm_head], kind)
         except _Unsupported:
             return None
         return cls(causal_lm, layers, head)
