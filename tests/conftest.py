@@ -4,13 +4,16 @@ as GGUF files under ``tmp_path``, stay in the session's home), and one engine fo
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
-import pytest
-import torch
+gc.disable()  # until the test modules are imported: see pytest_collection_finish
 
-from rlvr.model_names import SMOLLM2
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from rlvr.model_names import SMOLLM2  # noqa: E402
 
 _real_home = Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()
 # The suite's process engine runs on the CPU even where a GPU is visible (the `gpu` tests build CUDA engines of their
@@ -26,6 +29,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("RLVR_THREADS", str(max(1, torch.get_num_threads() // workers)))
     torch.set_num_threads(int(os.environ["RLVR_THREADS"]))
 os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(session.config.option, "dist", "no") != "no":
+        gc.enable()  # pytest-xdist's controller, which collects nothing: its workers do
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The collector back on, the objects the imports of the test modules made frozen (``rlvr/startup.py``: a
+    collection during those imports frees nothing, and later ones need not walk them)."""
+    gc.freeze()
+    gc.enable()
 
 
 @pytest.fixture(scope="session", autouse=True)

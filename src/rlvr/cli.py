@@ -16,6 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from rlvr import startup
+
 app = typer.Typer(help="rlvr: reinforcement learning with verifiable rewards, Tinker API, CPU first.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
 
@@ -127,6 +129,7 @@ def train(
 
     resolved = _config(recipe, config, data, overrides)
     build_source(resolved)  # data files, task keys and the reward, checked before the model loads
+    startup.import_modules("rlvr.rl.loop")
     run(resolved)
 
 
@@ -140,6 +143,7 @@ def resume(
     """Continue a run (of rlvr train or rlvr sft) from its last checkpoint."""
     from rlvr.app.run import resume as run
 
+    startup.import_modules("rlvr.rl.loop")
     result = run(run_dir, overrides)
     if isinstance(result, str):  # an sft run: its final state
         typer.echo(f"saved: {result}\nnext: rlvr train start_from_checkpoint={result}")
@@ -160,6 +164,7 @@ def sft(
     from rlvr.app.sft import sft as run
 
     values = merge_layers(read_config_file(config) if config else {}, parse_overrides(overrides or []))
+    startup.import_modules("rlvr.client")
     path = run(build_config(values, SftConfig), console=make_console())
     typer.echo(f"saved: {path}\nnext: rlvr train start_from_checkpoint={path}")
 
@@ -194,6 +199,7 @@ def eval_(
     else:
         resolved = _config(recipe, config, data, overrides)
     ks = sorted(set(k or [1, samples]))
+    startup.import_modules("rlvr.client")
     default_out = Path(checkpoint) / "eval.jsonl" if checkpoint and Path(checkpoint).is_dir() else Path("eval.jsonl")
     result = evaluate(resolved, checkpoint, num_samples=samples, k=ks, problems=problems,
                       out=out or default_out, console=make_console(stderr=True))
@@ -289,6 +295,7 @@ def serve(
     """Serve the Tinker wire protocol: point the tinker SDK at it with TINKER_BASE_URL=http://HOST:PORT. SIGTERM
     or Ctrl-C stop taking requests, let the ones in flight finish and exit (a second Ctrl-C: at once)."""
     try:
+        startup.import_modules("rlvr.server")
         from rlvr.server import serve as run
     except ImportError as exc:
         raise typer.BadParameter(f"rlvr serve needs the server extra: pip install 'rlvr[server]' ({exc})") from exc

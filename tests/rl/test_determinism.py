@@ -35,6 +35,8 @@ _PRELUDE = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
+from rlvr import startup
+startup.import_modules("rlvr.client")  # torch, transformers and tinker, as `rlvr train` imports them
 DIE = {die!r}
 if DIE == "inside_second_checkpoint":
     import torch
