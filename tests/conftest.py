@@ -9,6 +9,15 @@ import os
 from pathlib import Path
 
 gc.disable()  # until the test modules are imported: see pytest_collection_finish
+# Under pytest-xdist (``./run-tests``: ``-n 2``) the workers split the cores, one thread each on 2 cores, and so does
+# every thread pool in a worker and in the processes it starts (runs in fresh processes, ``rlvr`` commands, Ray actors):
+# OMP_NUM_THREADS, read as torch and the other native libraries load. RLVR_THREADS alone fixes only the engine's thread; a fresh
+# process's other pools kept the machine's size, and their spinning threads made two processes on 2 cores run 4-5x
+# slower each (tests/rl/test_loop.py beside test_determinism_smollm2.py under two workers: 150 s, 33 s with this).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    share = len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("RLVR_THREADS", str(max(1, share)))
+    os.environ.setdefault("OMP_NUM_THREADS", os.environ["RLVR_THREADS"])
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -21,12 +30,9 @@ _real_home = Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).
 os.environ.setdefault("RLVR_DEVICE", "cpu")
 # Engines share the cores with other rlvr processes (engine/cores.py), and a different thread count rounds sums
 # differently; the suite fixes torch's default count, so a child process started while this one was computing (the
-# determinism tests compare such runs bit for bit) computes exactly as it would alone.
-# Under pytest-xdist (``./run-tests``: ``-n 2``), the workers split the cores (one thread each on 2 cores), so that
-# their OpenMP threads do not spin against each other.
+# determinism tests compare such runs bit for bit) computes exactly as it would alone. Under pytest-xdist: the share
+# set above.
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ.setdefault("RLVR_THREADS", str(max(1, torch.get_num_threads() // workers)))
     torch.set_num_threads(int(os.environ["RLVR_THREADS"]))
 os.environ.setdefault("RLVR_THREADS", str(torch.get_num_threads()))
 
