@@ -10,10 +10,11 @@ from pathlib import Path
 
 gc.disable()  # until the test modules are imported: see pytest_collection_finish
 # Under pytest-xdist (``./run-tests``: ``-n 2``) the workers split the cores, one thread each on 2 cores, and so does
-# every thread pool in a worker and in the processes it starts (runs in fresh processes, ``rlvr`` commands, Ray actors):
-# OMP_NUM_THREADS, read as torch and the other native libraries load. RLVR_THREADS alone fixes only the engine's thread; a fresh
-# process's other pools kept the machine's size, and their spinning threads made two processes on 2 cores run 4-5x
-# slower each (tests/rl/test_loop.py beside test_determinism_smollm2.py under two workers: 150 s, 33 s with this).
+# every thread pool in a worker and in the processes it starts (runs in fresh processes, ``rlvr`` commands, Ray
+# actors): OMP_NUM_THREADS, read as torch and the other native libraries load. RLVR_THREADS alone fixes only the
+# engine's thread; a fresh process's other pools kept the machine's size, and their spinning threads made two
+# processes on 2 cores run 4-5x slower each (tests/rl/test_loop.py beside test_determinism_smollm2.py under two
+# workers: 150 s, 33 s with this).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     share = len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     os.environ.setdefault("RLVR_THREADS", str(max(1, share)))
