@@ -36,7 +36,9 @@ import os, signal, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from rlvr import startup
-startup.import_modules("rlvr.client")  # torch, transformers and tinker, as `rlvr train` imports them
+# torch, transformers and tinker with the collector paused, as `rlvr train` imports them (it names rlvr.rl.loop,
+# which here must wait for the patches below: they replace names it imports)
+startup.import_modules("rlvr.client")
 DIE = {die!r}
 if DIE == "inside_second_checkpoint":
     import torch
