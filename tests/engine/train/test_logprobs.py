@@ -112,7 +112,7 @@ def test_a_frozen_heads_logprobs_and_hidden_gradient_are_the_log_softmax_by_hand
     w = weights.reshape(50, -1)
     by_hand = (w[:, :, None] * head.weight[wanted]).sum(1) - w.sum(-1, keepdim=True) * (probs @ head.weight)
 
-    got = target_logprobs(hidden, head, targets, chunk)
+    got = target_logprobs(hidden, head, targets, chunk, cpu_paths=True)
     torch.testing.assert_close(got, logp.reshape(shape), atol=1e-5, rtol=1e-5)
     (weights * got).sum().backward()
     torch.testing.assert_close(hidden.grad, by_hand, atol=1e-5, rtol=1e-4)
@@ -122,7 +122,8 @@ def test_a_frozen_head_keeps_one_hidden_sized_row_per_token_for_the_backward():
     head = _frozen_head(vocab=1000, hidden=16, bias=False)
     hidden = torch.randn(64, 16, requires_grad=True)
     targets = torch.randint(0, 1000, (64,))
-    assert _largest_saved(lambda: target_logprobs(hidden, head, targets, 16), ignore=head.weight) <= 64 * 16
+    assert _largest_saved(lambda: target_logprobs(hidden, head, targets, 16, cpu_paths=True),
+                          ignore=head.weight) <= 64 * 16
 
 
 @pytest.mark.parametrize("k", [None, 3])
@@ -146,8 +147,83 @@ def test_a_frozen_bfloat16_heads_logprobs_and_gradient_are_the_log_softmax_of_it
     w = weights.reshape(50, -1)
     by_hand = (w[:, :, None] * head.weight[wanted]).sum(1) - w.sum(-1, keepdim=True) * (torch.softmax(z, -1) @ w16)
 
-    got = target_logprobs(hidden, head, targets, 16)
+    got = target_logprobs(hidden, head, targets, 16, cpu_paths=True)
     torch.testing.assert_close(got, logp.reshape(shape), atol=5e-2, rtol=0)  # a few bfloat16 steps of a logit
     (weights * got).sum().backward()
     # within 3e-3 here (bfloat16 probabilities in E); 3% off in E would be 2.4e-2
     torch.testing.assert_close(hidden.grad, by_hand, atol=1e-2, rtol=0)
+
+
+def _peft_head(vocab: int, hidden: int, precision: str | None) -> torch.nn.Module:
+    """peft's LoRA layer over a frozen output layer, as the engine makes ``lm_head`` (``precision``: its base packed
+    by ``pack_frozen_linears``, None: a plain ``nn.Linear``), with a non-zero B so that both factors matter."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlvr.engine.cpu.packed import pack_frozen_linears
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential()
+    model.add_module("lm_head", torch.nn.Linear(hidden, vocab, bias=False))
+    model.requires_grad_(False)
+    if precision is not None:
+        pack_frozen_linears(model, precision)
+    wrapped = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["lm_head"]))
+    head = wrapped.base_model.model.lm_head
+    with torch.no_grad():
+        head.lora_B["default"].weight.normal_(0, 0.2)
+    return head
+
+
+def _peft_head_by_hand(head: torch.nn.Module, hidden: torch.Tensor, rounded: bool) -> torch.Tensor:
+    """log_softmax(W h + s B A h), (50, V), differentiable in hidden, A and B (W rounded to bfloat16 as the packed
+    bfloat16 product takes it, and its output rounded, when ``rounded``)."""
+    weight = head.base_layer.weight
+    a, b, s = head.lora_A["default"].weight, head.lora_B["default"].weight, head.scaling["default"]
+    if rounded:
+        base = (hidden.bfloat16().float() @ weight.bfloat16().float().T).bfloat16().float()
+    else:
+        base = hidden @ weight.T
+    return torch.log_softmax(base + s * (hidden @ a.T) @ b.T, -1)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 50])
+@TARGETS
+@pytest.mark.parametrize("precision", [None, "float32", "bfloat16"])
+def test_a_lora_heads_logprobs_and_gradients_are_the_log_softmax_by_hand(chunk, k, precision):
+    from rlvr.engine.cpu.packed import bfloat16_supported
+    from rlvr.engine.train.logprobs import lora_head
+
+    if precision == "bfloat16" and not bfloat16_supported():
+        pytest.skip("no oneDNN bfloat16 matmul on this CPU")
+    head = _peft_head(vocab=301, hidden=24, precision=precision)
+    assert lora_head(head) is not None  # the path under test
+    hidden, targets, weights = _inputs(k)
+    weights[10:20] = 0  # rows without a gradient (a prompt's positions): skipped in the backward, still exact
+    rows = torch.arange(50) if k is None else torch.arange(50)[:, None]
+    params = [hidden, head.lora_A["default"].weight, head.lora_B["default"].weight]
+
+    full = _peft_head_by_hand(head, hidden, rounded=precision == "bfloat16")[rows, targets]
+    (weights * full).sum().backward()
+    want = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+
+    got = target_logprobs(hidden, head, targets, chunk, cpu_paths=True)
+    (weights * got).sum().backward()
+    close = {"atol": 1e-5, "rtol": 1e-4} if precision != "bfloat16" else {"atol": 2e-2, "rtol": 0}
+    torch.testing.assert_close(got, full.detach(), **close)
+    for p, expected in zip(params, want, strict=True):
+        torch.testing.assert_close(p.grad, expected, **close)
+
+
+def test_a_lora_heads_backward_recomputes_only_the_rows_with_a_gradient():
+    # The backward's one pass of the output layer runs on the rows whose gradient is not zero: 40 of 50 here.
+    head = _peft_head(vocab=301, hidden=24, precision=None)
+    hidden, targets, weights = _inputs(None)
+    weights[10:20] = 0
+    seen = []
+    head.base_layer.register_forward_hook(lambda module, args, out: seen.append(len(args[0])))
+    got = target_logprobs(hidden, head, targets, 16, cpu_paths=True)
+    forward_rows = sum(seen)
+    (weights * got).sum().backward()
+    assert forward_rows == 50 and sum(seen) - forward_rows == 40

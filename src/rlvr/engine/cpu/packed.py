@@ -228,10 +228,11 @@ def bfloat16_head(module: torch.nn.Module) -> bool:
 
 
 def transposed_product(module: torch.nn.Linear, g: torch.Tensor) -> torch.Tensor:
-    """``g @ module.weight`` for 2-D float32 ``g``: on the module's packed transpose where it runs in bfloat16
-    (``bfloat16_head``: the product its input gradient takes), else in float32."""
-    if bfloat16_head(module):
-        return packed_linear(g.contiguous(), module.packed_weight_t, "bf16", None, None, 0)
+    """``g @ module.weight`` for 2-D float32 ``g``: on the module's packed transpose where ``pack_frozen_linears``
+    packed it (the product its input gradient takes: bfloat16 for ``bfloat16_head``), else a plain product."""
+    kind = getattr(module, "packed_kind", "")
+    if kind and not module.weight.requires_grad:
+        return packed_linear(g.contiguous(), module.packed_weight_t, kind, None, None, 0)
     return g @ module.weight
 
 

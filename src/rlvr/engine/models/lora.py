@@ -45,11 +45,8 @@ def fused_lora_forward(layer: LoraLinear, x: torch.Tensor, *args, **kwargs) -> t
     """``layer``'s output, ``base(x) + sum over active adapters of scaling * B(A(x))``, with each adapter's scale
     and add done by the accumulating matrix product (``addmm``'s alpha and beta); peft's forward where it is not
     plain LoRA on one dtype."""
-    active = [name for name in layer.active_adapters if name in layer.lora_A]
-    plain = not (args or kwargs or layer.disable_adapters or layer.merged) and all(
-        name not in layer.lora_variant and isinstance(layer.lora_dropout[name], torch.nn.Identity)
-        and layer.lora_A[name].weight.dtype == x.dtype and layer.lora_B[name].bias is None for name in active)
-    if not plain:
+    active = plain_adapters(layer, x.dtype)
+    if args or kwargs or active is None:
         return LoraLinear.forward(layer, x, *args, **kwargs)
     result = layer.base_layer(x)
     for name in active:
@@ -62,6 +59,17 @@ def fused_lora_forward(layer: LoraLinear, x: torch.Tensor, *args, **kwargs) -> t
                            alpha=scaling)
         result = flat.view(result.shape)
     return result
+
+
+def plain_adapters(layer: LoraLinear, dtype: torch.dtype) -> list[str] | None:
+    """The names of ``layer``'s active adapters when each is plain LoRA (no dropout, variant or bias) with weights in
+    ``dtype`` and the layer is neither merged nor disabled, so that its output is ``base(x) + sum of scaling *
+    B(A(x))``; None otherwise."""
+    active = [name for name in layer.active_adapters if name in layer.lora_A]
+    plain = not (layer.disable_adapters or layer.merged) and all(
+        name not in layer.lora_variant and isinstance(layer.lora_dropout[name], torch.nn.Identity)
+        and layer.lora_A[name].weight.dtype == dtype and layer.lora_B[name].bias is None for name in active)
+    return active if plain else None
 
 
 def _fuse_forwards(model: torch.nn.Module) -> None:

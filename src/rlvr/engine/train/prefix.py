@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.engine.sample.kv_cache import cache_kwargs, returned_cache
-from rlvr.engine.train.logprobs import target_logprobs
+from rlvr.engine.train.logprobs import lora_head, target_logprobs
 
 MIN_SHARED = 4
 """Shortest common prefix worth a cluster (tokens)."""
@@ -185,8 +185,9 @@ def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, vocab: int, ro
     """log softmax(head(hidden[rows, steps]))[tokens], (M,) for targets (M,) or (M, K) for top-K targets (M, K):
     through the whole logits tensor, or, where that would pass ``LOGITS_MAX_BYTES`` or the head is a frozen
     bfloat16 one (whose chunked path keeps one H-vector a row, ``logprobs.target_logprobs``, and saves the logits'
-    backward), only at the (position, target) pairs asked for, each once (a cluster's members ask for its shared
-    positions alike), in chunks.
+    backward) or a LoRA over a frozen one (whose chunked path works on each chunk's logits in place and skips the
+    rows with no gradient in its backward), only at the (position, target) pairs asked for, each once (a cluster's
+    members ask for its shared positions alike), in chunks.
 
     Taken with ``index_select`` on flattened tensors, not advanced indexing: the same (row, step) recurs for every
     datum of a cluster, and advanced indexing's backward adds such repeats with parallel atomic adds once the
@@ -196,7 +197,7 @@ def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, vocab: int, ro
 
     batch, width, size = hidden.shape
     at = torch.tensor(rows, dtype=torch.long) * width + torch.tensor(steps, dtype=torch.long)  # (M,)
-    if batch * width * vocab * 4 <= LOGITS_MAX_BYTES and not bfloat16_head(head):
+    if batch * width * vocab * 4 <= LOGITS_MAX_BYTES and not bfloat16_head(head) and lora_head(head) is None:
         logits = head(hidden).float()  # (B, W, V)
         lse = logits.logsumexp(-1)
         if tokens.dim() == 2:
@@ -207,7 +208,7 @@ def _target_logprobs(head: torch.nn.Module, hidden: torch.Tensor, vocab: int, ro
     unique, inverse = torch.unique(pairs, dim=0, return_inverse=True)  # sorted: the same order on every run
     wanted = unique[:, 1:] if tokens.dim() == 2 else unique[:, 1]
     values = target_logprobs(hidden.reshape(-1, size).index_select(0, unique[:, 0]), head, wanted,
-                             max(1, CHUNK_VALUES // vocab))
+                             max(1, CHUNK_VALUES // vocab), cpu_paths=True)
     return values.index_select(0, inverse)
 
 
