@@ -170,6 +170,12 @@ class Engine:
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
         share = (CoreShare(rlvr_home() / "busy", torch.get_num_threads(), fixed_threads())
                  if self.device.type == "cpu" else None)
+        self._release_free_pages: Callable[[], None] = lambda: None
+        if self.gpu_paths is None:  # the CPU paths
+            from rlvr.engine.cpu import heap  # their package: the GPU paths never load it
+
+            heap.keep_freed_blocks()  # before the worker thread's first allocation: it then shares the main heap
+            self._release_free_pages = heap.release_free_pages
         self._executor = _EngineThread(share)
         self._samples = SampleQueue(self._executor, self._prompt_logprobs, max_sample_rows, self._sample_batch)
         self._rng_lock = threading.Lock()  # guards each SamplerHandle's rng (callers' threads draw request seeds)
@@ -232,6 +238,7 @@ class Engine:
             attention = attention_implementation(self.device, dtype) if self.device.type == "cuda" else None
             base = load_base_model(name, self.device, dtype, attention)
             self._hosts[name] = AdapterHost(base, self.precision, self.gpu_paths)
+            self._release_free_pages()  # loading's temporaries (a float32 copy, the packing) go back
         return self._hosts[name]
 
     def _new_adapter_name(self, kind: str) -> str:
@@ -323,6 +330,8 @@ class Engine:
             for p, grad in zip(params, saved_grads, strict=True):  # A failed call leaves the gradients as they were.
                 p.grad = grad
             raise
+        finally:
+            self._release_free_pages()  # what the call freed goes back to the system (a CPU engine's ``heap``)
         return _output(outputs, reduce_metrics(metrics))
 
     def forward_backward_custom(
