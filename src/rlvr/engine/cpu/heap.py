@@ -71,7 +71,8 @@ def keep_freed_blocks() -> bool:
         done = [libc.mallopt(param, value) for param, value in
                 ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, TRIM_THRESHOLD))]
         if not all(done):
-            logger.warning("rlvr: glibc refused a malloc setting (%s); its defaults stay", done)
+            logger.warning("rlvr: glibc refused a malloc setting (results %s, in the order arena count, mmap count, "
+                           "trim threshold); large freed blocks may not be reused, and the heap is not trimmed", done)
             return False
         _libc = libc
         return True

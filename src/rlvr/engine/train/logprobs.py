@@ -89,7 +89,7 @@ def lora_head(head: torch.nn.Module) -> tuple[torch.nn.Linear, torch.Tensor, tor
     if type(head) is not LoraLinear:
         return None
     names, base = plain_adapters(head, torch.float32), head.base_layer
-    if not names or len(names) != 1 or type(base) is not torch.nn.Linear or base.bias is not None \
+    if names is None or len(names) != 1 or type(base) is not torch.nn.Linear or base.bias is not None \
             or base.weight.requires_grad or base.weight.dtype != torch.float32:
         return None
     return base, head.lora_A[names[0]].weight, head.lora_B[names[0]].weight, head.scaling[names[0]]
