@@ -54,7 +54,7 @@ from bench.common import BENCH_MODELS, bench_model, linear_shape, matmul_flops, 
 import rlvr
 from rlvr import types
 from rlvr.engine import Engine
-from rlvr.engine.cpu.packed import bfloat16_supported, chosen_kind
+from rlvr.engine.cpu.packed import bfloat16_supported, chosen_kind, model_kind
 from rlvr.engine.models.load import load_base_model
 from rlvr.precision import PRECISIONS
 
@@ -149,8 +149,11 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
     engine.run(gc.collect)
     sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model=base_model)
     run_rlvr(sampler, prompts_for(tokenizer, 1), 1, 4)  # warm-up
-    kernel = chosen_kind("decode") or os.environ.get("RLVR_MATMUL") or "plain"
-    print(f"rlvr's decode matmul kernel: {kernel if precision == 'float32' else 'bf16 (oneDNN)'}")
+    if precision == "float32":
+        kernel = chosen_kind("decode") or os.environ.get("RLVR_MATMUL") or "plain"
+    else:  # the trainer's bfloat16 kernel, which the sampler follows
+        kernel = model_kind(engine.run(engine.host, base_model).base.model)
+    print(f"rlvr's decode matmul kernel: {kernel}")
     results = {}
     print(f"{'sequences':>9} | {'rlvr tok/s':>10} | {'generate tok/s':>14} | {'ratio':>5} | {'of bound':>8}")
     for size in sizes:

@@ -77,3 +77,17 @@ def service():
 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(params=["bf16", "bf16x1"])
+def bfloat16_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each kernel a bfloat16 model's frozen products can take (``packed.bfloat16_kind``: oneDNN's, or the AMX
+    kernel's one-product form), forced for the test; skipped where this machine lacks it."""
+    from rlvr.engine.cpu import amx_linear, packed
+
+    if not packed.bfloat16_supported():
+        pytest.skip("no oneDNN bfloat16 matmul on this CPU")
+    if request.param == "bf16x1" and not (amx_linear.buildable() and amx_linear.kernel() is not None):
+        pytest.skip("no AMX product kernel on this CPU")
+    monkeypatch.setattr(packed, "bfloat16_kind", lambda: request.param)
+    return request.param

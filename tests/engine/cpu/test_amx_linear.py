@@ -41,6 +41,7 @@ def by_hand(a: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.
     (33, 64, 96),  # one row past a group
     (64, 576, 960),  # SmolLM2's q/k/v at the sampler's 64 rows
     (70, 1536, 64),  # its MLP's down width, over two groups and a part
+    (300, 2048, 40),  # a trainer's rows over 2,048 inputs: bands of 128 rows (1 MiB of inputs), two and a part
 ])
 def test_products_equal_three_bfloat16_products_by_hand(kernel, rows, inputs, outputs):
     generator = torch.Generator().manual_seed(rows + inputs + outputs)
@@ -55,6 +56,24 @@ def test_products_equal_three_bfloat16_products_by_hand(kernel, rows, inputs, ou
     assert ((out.double() - exact).abs() / scale).max() < 4e-6
 
 
+@pytest.mark.parametrize(("rows", "inputs", "outputs"), [(1, 40, 20), (8, 896, 1152), (33, 64, 96), (64, 576, 960)])
+def test_the_one_product_form_is_a_bfloat16_product(kernel, rows, inputs, outputs):
+    # Packs of the high parts alone: ah Wh in float32 sums, what a bfloat16 matmul computes (the trainer's product
+    # when the base runs in bfloat16), not the float32 product; and still row by row.
+    generator = torch.Generator().manual_seed(rows + inputs)
+    x = torch.randn(rows, inputs, generator=generator)
+    weight = torch.randn(outputs, inputs, generator=generator) * 0.05
+    packed_high = amx_linear.pack(weight, products=1)
+    assert packed_high.shape[2] == 1 and packed_high.numel() * 2 == amx_linear.pack(weight).numel()
+    out = amx_linear.linear(kernel, x, packed_high, outputs)
+    (ah, _), (wh, _) = parts(x), parts(weight)
+    scale = x.double().abs() @ weight.double().abs().T
+    assert ((out.double() - ah @ wh.T).abs() / scale).max() < 1e-6
+    exact = x.double() @ weight.double().T
+    assert ((out.double() - exact).abs() / scale).max() > 1e-4  # bfloat16's rounding shows: not the float32 form
+    assert torch.equal(amx_linear.linear(kernel, x[-1:], packed_high, outputs), out[-1:])
+
+
 def test_a_rows_products_do_not_depend_on_the_rows_beside_it(kernel):
     # A row's result, bit for bit, alone, among 16 (one row tile) or among 40 (two groups of two tiles): what lets a
     # seeded request decode to the same tokens whatever is batched beside it.
@@ -64,6 +83,19 @@ def test_a_rows_products_do_not_depend_on_the_rows_beside_it(kernel):
     every = amx_linear.linear(kernel, x, packed, 96)
     for rows in (1, 5, 16, 17, 33):
         assert torch.equal(amx_linear.linear(kernel, x[:rows], packed, 96), every[:rows]), rows
+
+
+@pytest.mark.parametrize("products", [3, 1])
+def test_a_rows_products_do_not_depend_on_its_band(kernel, products):
+    # The kernel works in bands of rows whose inputs fill 1 MiB (here 4,096 inputs: 64 rows in the three-product form,
+    # 128 in the one-product form): a trainer's row, among 300, gets the sampler's product for it alone, bit for bit,
+    # in either form (with RLVR_MATMUL=bf16x1 the bfloat16 trainer's forward and the sampler share the second).
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(300, 4096, generator=generator)
+    packed = amx_linear.pack(torch.randn(96, 4096, generator=generator) * 0.05, products)
+    every = amx_linear.linear(kernel, x, packed, 96)
+    for row in (0, 63, 64, 127, 128, 200, 255, 256, 299):
+        assert torch.equal(amx_linear.linear(kernel, x[row:row + 1], packed, 96), every[row:row + 1]), row
 
 
 def test_rmsnorm_and_gated_inputs(kernel):
@@ -159,3 +191,23 @@ def test_the_kernel_is_offered_and_can_be_forced(kernel, monkeypatch):
     out = packed.packed_linear(x, packed.pack(weight, "bf16x3", 5), "bf16x3", torch.zeros(1, 1).expand(64, 96),
                                torch.ones(64), 5)
     torch.testing.assert_close(out, F.linear(x, weight) + 1, atol=3e-5, rtol=1e-5)
+
+
+def test_the_one_product_form_is_what_bf16x1_asks_for(kernel, monkeypatch):
+    # A bfloat16 model multiplies on oneDNN's kernel unless RLVR_MATMUL=bf16x1 asks for the AMX kernel's one-product
+    # form; float32 products then take its three-product form.
+    monkeypatch.delenv("RLVR_MATMUL", raising=False)
+    assert packed.bfloat16_kind() == "bf16"
+    monkeypatch.setenv("RLVR_MATMUL", "bf16x1")
+    assert packed.bfloat16_kind() == "bf16x1"
+    assert packed.fastest_kind("decode", torch.randn(8, 4), 16) == "bf16x3"
+    assert packed.fastest_kind("train", torch.randn(8, 4), 16, kinds=["mkldnn"]) == ""  # as with bf16x3
+
+
+def test_bf16x1_on_a_machine_without_amx_is_refused(monkeypatch):
+    monkeypatch.setattr(amx_linear, "_granted", lambda: False)
+    monkeypatch.setenv("RLVR_MATMUL", "bf16x1")
+    with pytest.raises(ConfigurationError, match="RLVR_MATMUL=bf16x1 needs rlvr's AMX kernel"):
+        packed.bfloat16_kind()
+    with pytest.raises(ConfigurationError, match="RLVR_MATMUL='bf16x1': choose plain or one of"):
+        packed.fastest_kind("decode", torch.randn(8, 4), 16)

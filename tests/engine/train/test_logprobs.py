@@ -127,13 +127,12 @@ def test_a_frozen_head_keeps_one_hidden_sized_row_per_token_for_the_backward():
 
 
 @pytest.mark.parametrize("k", [None, 3])
-def test_a_frozen_bfloat16_heads_logprobs_and_gradient_are_the_log_softmax_of_its_bfloat16_product(k):
-    # A head that pack_frozen_linears runs in bfloat16 (precision="bfloat16"): its logits are the bfloat16 product,
-    # and the gradient's E = softmax @ W runs on the same bfloat16 weights (its packed transpose).
-    from rlvr.engine.cpu.packed import bfloat16_head, bfloat16_supported, pack_frozen_linears
+def test_a_frozen_bfloat16_heads_logprobs_and_gradient_are_the_log_softmax_of_its_bfloat16_product(k, bfloat16_kind):
+    # A head that pack_frozen_linears runs in bfloat16 (precision="bfloat16"): its logits are the bfloat16 product
+    # (oneDNN's rounds it to bfloat16, the AMX kernel's keeps its float32 sum), and the gradient's E = softmax @ W
+    # runs on the same bfloat16 weights (its packed transpose).
+    from rlvr.engine.cpu.packed import bfloat16_head, pack_frozen_linears
 
-    if not bfloat16_supported():
-        pytest.skip("no oneDNN bfloat16 matmul on this CPU")
     head = _frozen_head(vocab=301, hidden=24, bias=False)
     assert pack_frozen_linears(torch.nn.Sequential(head), "bfloat16") == 1 and bfloat16_head(head)
     hidden, targets, weights = _inputs(k)
@@ -141,14 +140,16 @@ def test_a_frozen_bfloat16_heads_logprobs_and_gradient_are_the_log_softmax_of_it
     shape = targets.shape
 
     w16 = head.weight.bfloat16().float()
-    z = (hidden.detach().bfloat16().float() @ w16.T).bfloat16().float()  # (50, V): the product, rounded as it is
+    z = hidden.detach().bfloat16().double() @ w16.double().T  # (50, V): the product of the rounded operands
+    z = (z.bfloat16() if bfloat16_kind == "bf16" else z).float()  # and its output, rounded as the kernel rounds it
     wanted = targets.reshape(50, -1)
     logp = z.gather(-1, wanted) - torch.logsumexp(z, -1, keepdim=True)
     w = weights.reshape(50, -1)
     by_hand = (w[:, :, None] * head.weight[wanted]).sum(1) - w.sum(-1, keepdim=True) * (torch.softmax(z, -1) @ w16)
 
     got = target_logprobs(hidden, head, targets, 16, cpu_paths=True)
-    torch.testing.assert_close(got, logp.reshape(shape), atol=5e-2, rtol=0)  # a few bfloat16 steps of a logit
+    # oneDNN's: a few bfloat16 steps of a logit (its float32 sums round to bfloat16 apart); the AMX kernel: float32 sums
+    torch.testing.assert_close(got, logp.reshape(shape), atol=5e-2 if bfloat16_kind == "bf16" else 1e-4, rtol=0)
     (weights * got).sum().backward()
     # within 3e-3 here (bfloat16 probabilities in E); 3% off in E would be 2.4e-2
     torch.testing.assert_close(hidden.grad, by_hand, atol=1e-2, rtol=0)
@@ -174,13 +175,14 @@ def _peft_head(vocab: int, hidden: int, precision: str | None) -> torch.nn.Modul
     return head
 
 
-def _peft_head_by_hand(head: torch.nn.Module, hidden: torch.Tensor, rounded: bool) -> torch.Tensor:
-    """log_softmax(W h + s B A h), (50, V), differentiable in hidden, A and B (W rounded to bfloat16 as the packed
-    bfloat16 product takes it, and its output rounded, when ``rounded``)."""
+def _peft_head_by_hand(head: torch.nn.Module, hidden: torch.Tensor, kind: str) -> torch.Tensor:
+    """log_softmax(W h + s B A h), (50, V), differentiable in hidden, A and B (for a bfloat16 ``kind``, W and h
+    rounded to bfloat16 as the packed product takes them, and the output rounded to bfloat16 too for "bf16")."""
     weight = head.base_layer.weight
     a, b, s = head.lora_A["default"].weight, head.lora_B["default"].weight, head.scaling["default"]
-    if rounded:
-        base = (hidden.bfloat16().float() @ weight.bfloat16().float().T).bfloat16().float()
+    if kind in ("bf16", "bf16x1"):
+        base = hidden.bfloat16().float() @ weight.bfloat16().float().T
+        base = base.bfloat16().float() if kind == "bf16" else base
     else:
         base = hidden @ weight.T
     return torch.log_softmax(base + s * (hidden @ a.T) @ b.T, -1)
@@ -188,13 +190,21 @@ def _peft_head_by_hand(head: torch.nn.Module, hidden: torch.Tensor, rounded: boo
 
 @pytest.mark.parametrize("chunk", [1, 7, 50])
 @TARGETS
-@pytest.mark.parametrize("precision", [None, "float32", "bfloat16"])
+@pytest.mark.parametrize("precision", [None, "float32"])
 def test_a_lora_heads_logprobs_and_gradients_are_the_log_softmax_by_hand(chunk, k, precision):
-    from rlvr.engine.cpu.packed import bfloat16_supported
+    _check_lora_head(chunk, k, precision, "")
+
+
+@pytest.mark.parametrize("chunk", [1, 50])
+@TARGETS
+def test_a_bfloat16_lora_heads_logprobs_and_gradients_are_the_log_softmax_by_hand(chunk, k, bfloat16_kind):
+    _check_lora_head(chunk, k, "bfloat16", bfloat16_kind)
+
+
+def _check_lora_head(chunk: int, k: int | None, precision: str | None, kind: str) -> None:
+    """Logprobs and gradients of hidden, A and B through ``target_logprobs`` against autograd's on the formula."""
     from rlvr.engine.train.logprobs import lora_head
 
-    if precision == "bfloat16" and not bfloat16_supported():
-        pytest.skip("no oneDNN bfloat16 matmul on this CPU")
     head = _peft_head(vocab=301, hidden=24, precision=precision)
     assert lora_head(head) is not None  # the path under test
     hidden, targets, weights = _inputs(k)
@@ -202,7 +212,7 @@ def test_a_lora_heads_logprobs_and_gradients_are_the_log_softmax_by_hand(chunk, 
     rows = torch.arange(50) if k is None else torch.arange(50)[:, None]
     params = [hidden, head.lora_A["default"].weight, head.lora_B["default"].weight]
 
-    full = _peft_head_by_hand(head, hidden, rounded=precision == "bfloat16")[rows, targets]
+    full = _peft_head_by_hand(head, hidden, kind)[rows, targets]
     (weights * full).sum().backward()
     want = [p.grad.clone() for p in params]
     for p in params:
@@ -210,10 +220,13 @@ def test_a_lora_heads_logprobs_and_gradients_are_the_log_softmax_by_hand(chunk, 
 
     got = target_logprobs(hidden, head, targets, chunk, cpu_paths=True)
     (weights * got).sum().backward()
-    close = {"atol": 1e-5, "rtol": 1e-4} if precision != "bfloat16" else {"atol": 2e-2, "rtol": 0}
+    # oneDNN's bfloat16 output: float32 sums may round a logit one bfloat16 step apart from the exact sum's rounding;
+    # the input gradient's d_logits W runs on oneDNN's bfloat16 kernel in either bfloat16 kind
+    close = {"atol": 2e-2, "rtol": 0} if kind == "bf16" else {"atol": 1e-5, "rtol": 1e-4}
     torch.testing.assert_close(got, full.detach(), **close)
     for p, expected in zip(params, want, strict=True):
-        torch.testing.assert_close(p.grad, expected, **close)
+        torch.testing.assert_close(p.grad, expected, **(close if p is not hidden or not kind else {"atol": 2e-2,
+                                                                                                     "rtol": 0}))
 
 
 def test_a_lora_heads_backward_recomputes_only_the_rows_with_a_gradient():

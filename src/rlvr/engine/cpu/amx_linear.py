@@ -1,4 +1,5 @@
-"""Float32 products on AMX (``amx_linear.c``), for the sampler's decode steps on CPUs that have it.
+"""Float32 products on AMX (``amx_linear.c``), for the sampler's decode steps on CPUs that have it; and bfloat16 ones
+for a bfloat16 model's trainer forward and sampler.
 
 At 64 rows a decode step is its products: 2 x 135M multiply-adds per row for SmolLM2, which float32 on 2 Xeon cores
 (MKL, AVX-512) does at ~290 GFLOP/s on weights streamed from memory. A recent Xeon also has AMX, whose tiles
@@ -14,8 +15,10 @@ pass that splits the input into bfloat16, so these cost no PyTorch op; it writes
 need it.
 
 ``packed.py`` offers it as the matmul kind "bf16x3" where it runs here (x86-64 Linux, AMX-BF16 and AVX512-BF16, a
-C compiler, and Linux granting the process AMX's tile state), and the decoder takes it wherever it runs. A freshly
-built library is checked against products by hand before any use.
+C compiler, and Linux granting the process AMX's tile state), and the decoder takes it wherever it runs. With packs
+of the weights' bfloat16 rounding alone (``pack(weight, products=1)``, kind "bf16x1") it is one bfloat16 product with
+float32 sums: what a bfloat16 model's frozen products run on here, in the trainer's forward and the sampler alike. A
+freshly built library is checked against products by hand before any use.
 
 Not here: choosing the kind (``packed.py``), the decode step (``decode.py``), building C (``native.py``).
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import logging
 
 import torch
@@ -74,7 +78,7 @@ def bind():
     function.restype = ctypes.c_int
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     function.argtypes = [pointer, i64, i32, i32, pointer, ctypes.c_float, i32, pointer, i64, pointer, i32, pointer,
-                         i64]
+                         i64, i32]
     return function
 
 
@@ -90,10 +94,11 @@ def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return high, (t - high.float()).bfloat16()
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
+def pack(weight: torch.Tensor, products: int = 3) -> torch.Tensor:
     """``weight`` (out, in) float32 in the kernel's layout: int16 (pairs * 2, steps, 2, 16, 16, 2), per block of 16
     output columns and step of 32 inputs a tile of the high part then one of the low, each 16 input pairs x 16
-    columns x 2, zero-padded to whole pairs of blocks and whole steps."""
+    columns x 2, zero-padded to whole pairs of blocks and whole steps. With ``products`` 1, the high part alone
+    (pairs * 2, steps, 1, 16, 16, 2): the kernel then multiplies in plain bfloat16."""
     out, inputs = weight.shape
     blocks = -(-out // (2 * COLUMNS)) * 2
     steps = -(-inputs // STEP)
@@ -102,6 +107,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     def tiles(part: torch.Tensor) -> torch.Tensor:  # (block, column, step, pair, 2) -> (block, step, pair, column, 2)
         return part.view(blocks, COLUMNS, steps, STEP // 2, 2).permute(0, 2, 3, 1, 4)
 
+    if products == 1:
+        return tiles(padded.bfloat16()).unsqueeze(2).contiguous().view(torch.int16)
     high, low = split(padded)
     return torch.stack([tiles(high), tiles(low)], dim=2).contiguous().view(torch.int16)
 
@@ -117,7 +124,8 @@ def linear(function, x: torch.Tensor, packed: torch.Tensor, out_features: int, n
     width = columns // 2 if gated else columns
     if x.dtype != torch.float32 or x.stride(1) != 1:
         raise ValueError(f"x: rows of unit stride in float32 expected, got {x.dtype} with strides {x.stride()}")
-    if packed.dtype != torch.int16 or not packed.is_contiguous() or packed.shape[2:] != (2, 16, 16, 2):
+    if packed.dtype != torch.int16 or not packed.is_contiguous() or packed.shape[2:] not in ((2, 16, 16, 2),
+                                                                                              (1, 16, 16, 2)):
         raise ValueError(f"packed: a contiguous int16 tensor from amx_linear.pack expected, got {packed.dtype} "
                          f"{tuple(packed.shape)}")
     if not (blocks * COLUMNS - 2 * COLUMNS < out_features <= blocks * COLUMNS and
@@ -139,18 +147,18 @@ def linear(function, x: torch.Tensor, packed: torch.Tensor, out_features: int, n
         return out
     failed = function(x.data_ptr(), x.stride(0), rows, width, 0 if norm is None else norm.data_ptr(), eps, int(gated),
                       0 if inputs is None else inputs.data_ptr(), 0 if inputs is None else inputs.stride(0),
-                      packed.data_ptr(), out_features, out.data_ptr(), out.stride(0))
+                      packed.data_ptr(), out_features, out.data_ptr(), out.stride(0), 3 if packed.shape[2] == 2 else 1)
     if failed:
         raise MemoryError(f"the AMX product kernel could not allocate its scratch for {rows} x {width} inputs")
     return out
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def reference(x: torch.Tensor, weight: torch.Tensor, products: int = 3) -> torch.Tensor:
     """What the kernel computes for input ``x`` (R, in) and ``weight`` (out, in), in float64: the three products of
-    the bfloat16 parts, exactly (the kernel's float32 sums round them)."""
+    the bfloat16 parts (``products`` 1: the high parts' alone), exactly (the kernel's float32 sums round them)."""
     xh, xl = (p.double() for p in split(x))
     wh, wl = (p.double() for p in split(weight))
-    return xh @ wh.T + xh @ wl.T + xl @ wh.T
+    return xh @ wh.T if products == 1 else xh @ wh.T + xh @ wl.T + xl @ wh.T
 
 
 def self_check(function) -> None:
@@ -160,14 +168,14 @@ def self_check(function) -> None:
     x = torch.randn(37, 2 * 72, generator=generator)
     weight = torch.randn(40, 72, generator=generator)
     norm = torch.rand(72, generator=generator) + 0.5
-    packed = pack(weight)
     cases = {"plain": (x[:, :72], {}), "norm": (F.rms_norm(x[:, :72], (72,), norm, 1e-5), {"norm": norm, "eps": 1e-5}),
              "gated": (F.silu(x[:, :72]) * x[:, 72:], {"gated": True})}
-    for name, (a, options) in cases.items():
+    for (name, (a, options)), products in itertools.product(cases.items(), (3, 1)):
         source = x if options.get("gated") else x[:, :72]
         inputs = torch.full((37, 72), float("nan"))  # not empty: freed memory may hold a right answer
-        out = linear(function, source, packed, 40, inputs=inputs, out=torch.full((37, 40), float("nan")), **options)
-        error = (out.double() - reference(a, weight)).abs().max().item()
+        out = linear(function, source, pack(weight, products), 40, inputs=inputs,
+                     out=torch.full((37, 40), float("nan")), **options)
+        error = (out.double() - reference(a, weight, products)).abs().max().item()
         input_error = (inputs - a).abs().max().item()
         if not (error <= 1e-4 and input_error <= 1e-5):
             raise RuntimeError(f"the built AMX kernel disagrees with products by hand on a {name} case (by {error:.3g},"

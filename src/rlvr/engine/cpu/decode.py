@@ -53,7 +53,15 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.engine.cpu import amx_linear, fma_linear, fused_attention
-from rlvr.engine.cpu.packed import fastest_kind, model_kind, pack, pack_kinds, packed_linear, packs_fit
+from rlvr.engine.cpu.packed import (
+    BFLOAT16_KINDS,
+    fastest_kind,
+    model_kind,
+    pack,
+    pack_kinds,
+    packed_linear,
+    packs_fit,
+)
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")  # the Llama family this step runs
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
@@ -82,8 +90,8 @@ class _Projections:
     With ``packed`` set, the fused base weights run as one matmul on weights prepacked for this machine's fastest
     kernel (``pack_kind``: oneDNN's serves any row count, MKL's only batches of exactly ``pack_rows`` rows; other
     batch sizes use the module weights directly). The result is the same product either way, up to rounding; or,
-    with ``pack_kind`` "bf16" (the model's frozen linears run in bfloat16, ``packed.base_precision``), the same
-    bfloat16 product as the trainer's.
+    with ``pack_kind`` "bf16" or "bf16x1" (the model's frozen linears run in bfloat16, ``packed.base_precision``;
+    "bf16x1" on AMX), the same bfloat16 product as the trainer's, summed in its kernel's order.
     """
 
     weights: list[torch.Tensor]
@@ -99,7 +107,7 @@ class _Projections:
         """All outputs side by side, (R, sum of output sizes), in the order of the modules, for the input ``x``, or
         ``x`` through the RMSNorm ``norm``, or with ``gated`` SiLU of ``x``'s first half times its second half. On
         the AMX kernel the kernel computes that input itself (and hands it to the adapters)."""
-        if self.pack_kind == "bf16x3":
+        if self.pack_kind in ("bf16x3", "bf16x1"):
             inputs = torch.empty(x.shape[0], self.pack_shape.shape[1]) if self.adapters else None
             out = amx_linear.linear(amx_linear.kernel(), x, self.packed, self.pack_shape.shape[0],
                                     None if norm is None else norm.weight,
@@ -245,15 +253,17 @@ _PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, int, list[torch.Te
 def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], rows: int) -> None:
     """Give ``projections`` their base weights fused and prepacked for this machine's fastest matmul (the AMX kernel
     where it runs, else chosen by timing at ``TIMING_ROWS`` rows on the first batch; about 0.5 s and one more copy
-    of the weights for SmolLM2). oneDNN's and the AMX kernel's packs serve every batch; MKL's are for one row count
-    and are rebuilt when a batch of another size starts."""
+    of the weights for SmolLM2; in bfloat16, the AMX kernel's one-product form or oneDNN's bfloat16 kernel).
+    oneDNN's and the AMX kernel's packs serve every batch; MKL's are for one row count and are rebuilt when a batch
+    of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)
-    bf16 = model_kind(causal_lm) == "bf16"  # the trainer multiplies in bfloat16: so must the sampler
+    bf16 = model_kind(causal_lm) in BFLOAT16_KINDS  # the trainer multiplies in bfloat16: the sampler on its kernel
     if not bf16 and (not pack_kinds() or not packs_fit(size)):
         return
     kind, packed_rows, packs = _PACKS.get(causal_lm, (None, 0, []))
     if kind is None:
-        kind = "bf16" if bf16 else fastest_kind("decode", torch.cat(projections[0].weights), TIMING_ROWS)
+        kind = model_kind(causal_lm) if bf16 else fastest_kind("decode", torch.cat(projections[0].weights),
+                                                                TIMING_ROWS)
     if kind and (not packs or (kind == "mkl" and packed_rows != rows)):
         packs.clear()  # free the old packs before building new ones
         packs = [pack(torch.cat(p.weights), kind, rows) for p in projections]

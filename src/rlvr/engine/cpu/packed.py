@@ -8,7 +8,10 @@ layout a kernel reads fastest. The kernels ("kinds") this module packs for and c
 - ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products on AMX tiles
   (~16 bits of each product where float32 keeps ~22), any row count, where the CPU has AMX;
 - ``fma``: rlvr's float32 kernel for a few dozen rows (``fma_linear``), AVX2 and FMA, any row count;
-- ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for.
+- ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for;
+- ``bf16x1``: rlvr's AMX kernel as one plain bfloat16 product (the same product as ``bf16``, summed in another
+  order, its output kept in float32 where oneDNN's rounds it to bfloat16), when ``precision="bfloat16"`` and
+  ``RLVR_MATMUL=bf16x1`` are asked for (``bfloat16_kind``).
 
 Which kind a use gets (``fastest_kind``): a fixed preference, not timing, so that every process of a machine (two
 runs of one seed, a resume, a Ray replica and the driver) rounds the same way: the AMX kernel where it runs, else
@@ -17,19 +20,23 @@ are close, and under load picked differently in each process (measured: two runs
 step 0). ``RLVR_MATMUL=timed`` times a plain ``F.linear``, MKL's, oneDNN's and the FMA kernel once per process, on
 first use, and keeps the fastest (runs then repeat only as far as the timings do); ``RLVR_MATMUL=plain`` (or ``mkl``,
 ``mkldnn``, ``fma``, ``bf16x3``) fixes the choice, for runs that must repeat bit for bit across machines: rounding
-changes which rare token a draw lands on, so each kind gives one seed its own trajectory.
+changes which rare token a draw lands on, so each kind gives one seed its own trajectory. ``RLVR_MATMUL=bf16x1`` is
+``bf16x3`` for float32 products, and the one-product form for bfloat16 ones.
 
 Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer
 (``pack_frozen_linears`` gives every frozen ``nn.Linear`` a packed weight and its packed transpose, so the forward
 product and the input gradient both run on oneDNN's kernel: float32 where timing picks it, bfloat16 when asked). The
-trainer never takes MKL's, the FMA or the AMX kernel. Each pack is one more copy of the weights (the trainer's
+trainer never takes MKL's, the FMA or the AMX kernel's float32 form. In bfloat16 both users multiply on one kernel,
+``bfloat16_kind``, so that the two compute a token's logprob alike: oneDNN's, or with ``RLVR_MATMUL=bf16x1`` the AMX
+kernel's one-product form in the trainer's forward products and the sampler's (the input gradients stay on oneDNN's
+bfloat16 kernel, faster at a batch's thousands of rows). Each pack is one more copy of the weights (the trainer's
 two), so a model is packed only where its copies fit in ``PACK_MEMORY_FRACTION`` of the machine's memory
 (``packs_fit``: a 0.5B model's float32 copies on 24 GiB, not a 1B model's); the same answer in every process of a
 machine, so they round alike.
 
 Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default.
 ``precision="bfloat16"`` (``Engine(precision=...)``, the ``precision`` config key, or ``RLVR_PRECISION``) runs every
-frozen base matmul, trainer and sampler alike, on oneDNN's bfloat16 kernel; the sampler and the trainer then agree
+frozen base matmul, trainer and sampler alike, on ``bfloat16_kind``'s kernel; the sampler and the trainer then agree
 only to bfloat16 rounding.
 
 What each kind measured, what it costs in sampler/trainer agreement, and what was tried instead:
@@ -91,6 +98,22 @@ def native_bfloat16() -> bool:
     return bool({"amx_bf16", "avx512_bf16"} & native.cpu()[1]) and bfloat16_supported()
 
 
+BFLOAT16_KINDS = ("bf16", "bf16x1")
+
+
+def bfloat16_kind() -> str:
+    """The kernel a bfloat16 model's frozen products take, in the trainer's forward and the sampler alike: oneDNN's
+    bfloat16 kernel ("bf16"), or with ``RLVR_MATMUL=bf16x1`` the AMX kernel's one-product form ("bf16x1": the
+    sampler's logprobs ~3x nearer the trainer's and its decode ~1.25x faster, the trainer's forward slower and the
+    heap's peak larger; docs/performance.md). The same answer in every process of a machine, so they round alike."""
+    if os.environ.get("RLVR_MATMUL", "") != "bf16x1":
+        return "bf16"
+    if "bf16x3" not in pack_kinds() or amx_linear.kernel() is None:
+        raise ConfigurationError("RLVR_MATMUL=bf16x1 needs rlvr's AMX kernel, which this machine lacks or which failed "
+                                 "to build or to pass its check (the log says why); unset RLVR_MATMUL")
+    return "bf16x1"
+
+
 def pack_kinds() -> list[str]:
     """The prepacked matmuls this machine offers: oneDNN's (any row count) and MKL's (one row count) where torch has
     them, rlvr's FMA kernel (``fma_linear``: float32, any row count) and its AMX kernel (``amx_linear``: three
@@ -116,6 +139,8 @@ def pack(weight: torch.Tensor, kind: str, rows: int) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), rows)
     if kind == "bf16x3":
         return amx_linear.pack(weight)
+    if kind == "bf16x1":
+        return amx_linear.pack(weight, products=1)
     if kind == "fma":
         return fma_linear.pack(weight)
     return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
@@ -131,7 +156,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
     if kind == "bf16":
         out = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), packed, None, "none", [], "").float()
         return out if bias is None else out.add_(bias)
-    if kind == "bf16x3":
+    if kind in ("bf16x3", "bf16x1"):
         out = amx_linear.linear(amx_linear.kernel(), x, packed, shape.shape[0])
         return out if bias is None else out.add_(bias)
     if kind == "fma":
@@ -149,13 +174,14 @@ def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | N
     available = [k for k in (machine if kinds is None else kinds) if k in machine
                  and (k != "bf16x3" or amx_linear.kernel() is not None)  # built and checked now, on first use
                  and (k != "fma" or fma_linear.kernel() is not None)]
-    forced = os.environ.get("RLVR_MATMUL", "")
+    asked = os.environ.get("RLVR_MATMUL", "")
+    forced = "bf16x3" if asked == "bf16x1" else asked  # float32 products on the AMX kernel; bfloat16_kind: the rest
     if forced and forced != "timed":
         if forced != "plain" and forced not in machine:
-            raise ConfigurationError(f"RLVR_MATMUL={forced!r}: choose plain or one of {machine} (what this "
+            raise ConfigurationError(f"RLVR_MATMUL={asked!r}: choose plain or one of {machine} (what this "
                                      "machine has), or timed, or unset it for the fixed preference")
         if forced == "bf16x3" and "bf16x3" not in available and (kinds is None or "bf16x3" in kinds):
-            raise ConfigurationError("RLVR_MATMUL=bf16x3, but the AMX kernel failed to build or to pass its check "
+            raise ConfigurationError(f"RLVR_MATMUL={asked}, but the AMX kernel failed to build or to pass its check "
                                      "here (the log says why); unset RLVR_MATMUL to choose another kernel")
         if forced == "fma" and "fma" not in available and (kinds is None or "fma" in kinds):
             raise ConfigurationError("RLVR_MATMUL=fma, but the FMA kernel failed to build or to pass its check here "
@@ -197,40 +223,40 @@ def chosen_kind(use: str) -> str | None:
 
 
 class _FrozenLinear(torch.autograd.Function):
-    """x @ W.T + b on packed W, with the input gradient g @ W on packed W.T (W does not train); ``kind``: mkldnn
-    (float32) or bf16."""
+    """x @ W.T + b on packed W, with the input gradient g @ W on packed W.T (W does not train); ``kind`` and
+    ``kind_t``, the packs' kinds: mkldnn (float32), or bf16x1 or bf16 then bf16 (bfloat16)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, packed: torch.Tensor, packed_t: torch.Tensor, bias: torch.Tensor | None,
-                kind: str) -> torch.Tensor:
-        ctx.packed_t, ctx.kind = packed_t, kind
+                kind: str, kind_t: str, shape: torch.Tensor) -> torch.Tensor:
+        ctx.packed_t, ctx.kind_t = packed_t, kind_t
         rows = x.reshape(-1, x.shape[-1])
-        return packed_linear(rows, packed, kind, None, bias, 0).view(*x.shape[:-1], -1)
+        return packed_linear(rows, packed, kind, shape, bias, 0).view(*x.shape[:-1], -1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         rows = grad.reshape(-1, grad.shape[-1]).contiguous()
-        grad_x = packed_linear(rows, ctx.packed_t, ctx.kind, None, None, 0)
-        return grad_x.view(*grad.shape[:-1], -1), None, None, None, None
+        grad_x = packed_linear(rows, ctx.packed_t, ctx.kind_t, None, None, 0)
+        return grad_x.view(*grad.shape[:-1], -1), None, None, None, None, None, None
 
 
 def _frozen_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if module.weight.requires_grad or x.dtype != torch.float32:  # it trains after all, or another dtype: plain
         return F.linear(x, module.weight, module.bias)
     return _FrozenLinear.apply(x.contiguous(), module.packed_weight, module.packed_weight_t, module.bias,
-                               module.packed_kind)
+                               module.packed_kind, module.packed_kind_t, module.packed_shape)
 
 
 def bfloat16_head(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a frozen ``nn.Linear`` that ``pack_frozen_linears`` runs in bfloat16."""
-    return (isinstance(module, torch.nn.Linear) and getattr(module, "packed_kind", "") == "bf16"
+    return (isinstance(module, torch.nn.Linear) and getattr(module, "packed_kind", "") in BFLOAT16_KINDS
             and not module.weight.requires_grad)
 
 
 def transposed_product(module: torch.nn.Linear, g: torch.Tensor) -> torch.Tensor:
     """``g @ module.weight`` for 2-D float32 ``g``: on the module's packed transpose where ``pack_frozen_linears``
     packed it (the product its input gradient takes: bfloat16 for ``bfloat16_head``), else a plain product."""
-    kind = getattr(module, "packed_kind", "")
+    kind = getattr(module, "packed_kind_t", "")
     if kind and not module.weight.requires_grad:
         return packed_linear(g.contiguous(), module.packed_weight_t, kind, None, None, 0)
     return g @ module.weight
@@ -240,7 +266,8 @@ TRAIN_ROWS = 512  # the token count the trainer's kernel choice is timed at
 
 
 def model_kind(model: torch.nn.Module) -> str:
-    """The packed kernel ``pack_frozen_linears`` gave ``model``'s frozen linears: "mkldnn", "bf16", or "" (none)."""
+    """The packed kernel ``pack_frozen_linears`` gave ``model``'s frozen linears' forward products: "mkldnn",
+    "bf16x1" or "bf16" (bfloat16, ``bfloat16_kind``), or "" (none)."""
     return getattr(model, "packed_kind", "")
 
 
@@ -256,7 +283,7 @@ def pack_frozen_linears(model: torch.nn.Module, precision: str = "float32") -> i
     if not linears or (not packs_fit(2 * size) and not bf16):
         return 0
     if bf16:
-        kind = "bf16"
+        kind = bfloat16_kind()
     else:
         typical = sorted(linears, key=lambda m: m.weight.numel())[len(linears) // 2]
         kind = fastest_kind("train", typical.weight.detach(), TRAIN_ROWS, kinds=["mkldnn"])
@@ -264,9 +291,10 @@ def pack_frozen_linears(model: torch.nn.Module, precision: str = "float32") -> i
             return 0
     for module in linears:
         weight = module.weight.detach()
+        module.packed_kind, module.packed_kind_t = kind, "bf16" if bf16 else kind
         module.packed_weight = pack(weight, kind, TRAIN_ROWS)
-        module.packed_weight_t = pack(weight.t().contiguous(), kind, TRAIN_ROWS)
-        module.packed_kind = kind
+        module.packed_weight_t = pack(weight.t().contiguous(), module.packed_kind_t, TRAIN_ROWS)
+        module.packed_shape = torch.zeros(1, 1).expand(weight.shape)  # no storage: the output size, for the AMX kernel
         module.forward = _frozen_forward.__get__(module)
     model.packed_kind = kind
     return len(linears)
