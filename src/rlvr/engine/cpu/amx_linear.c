@@ -10,8 +10,8 @@
    and can write it out in float32 (for LoRA adapters, which read the same input).
 
    With `products` 1 the kernel is a plain bfloat16 product instead, y = ah Wh accumulated in float32 and kept in
-   float32 (a bfloat16 model's frozen products, in the trainer's forward and the sampler alike), on packs of Wh
-   alone.
+   float32 (a bfloat16 model's frozen products with RLVR_MATMUL=bf16x1, in the trainer's forward and the sampler
+   alike), on packs of Wh alone.
 
    Weights come packed: per block of 16 output columns, per step of 32 inputs, a 1 KiB tile of Wh then one of Wl,
    each 16 rows of input pairs x 16 columns x 2 (AMX's bfloat16 B layout); a block's tiles are consecutive. The
@@ -190,6 +190,8 @@ int rlvr_amx_linear(const float *x, int64_t x_stride, int m, int k, const float 
     const int k_padded = (k + STEP - 1) / STEP * STEP, steps = k_padded / STEP;
     const int m_padded = (m + 2 * ROWS - 1) / (2 * ROWS) * 2 * ROWS;
     const int pairs = (n + 2 * COLUMNS - 1) / (2 * COLUMNS);
+    const int band_groups = (int)(BAND_BYTES / ((int64_t)k_padded * 2 * parts) / (2 * ROWS));
+    const int band_rows = (band_groups > 1 ? band_groups : 1) * 2 * ROWS;
     const int64_t values = parts * (int64_t)m_padded * k_padded, pair_values = 2 * (int64_t)steps * parts * TILE;
     if (values > scratch_values) {
         free(scratch);
@@ -208,8 +210,6 @@ int rlvr_amx_linear(const float *x, int64_t x_stride, int m, int k, const float 
 #pragma omp barrier
         configure();
         int first = pairs * me / threads, last = pairs * (me + 1) / threads;
-        const int groups = (int)(BAND_BYTES / ((int64_t)k_padded * 2 * parts) / (2 * ROWS));
-        const int band_rows = (groups > 1 ? groups : 1) * 2 * ROWS;
         for (int band = 0; band < m; band += band_rows)
             for (int p = first; p < last; p++) {
                 const uint16_t *w0 = packed + p * pair_values, *w1 = w0 + pair_values / 2;

@@ -1,5 +1,5 @@
-"""Float32 products on AMX (``amx_linear.c``), for the sampler's decode steps on CPUs that have it; and bfloat16 ones
-for a bfloat16 model's trainer forward and sampler.
+"""Float32 products on AMX (``amx_linear.c``), for the sampler's decode steps on CPUs that have it; and, with
+``RLVR_MATMUL=bf16x1``, bfloat16 ones for a bfloat16 model's trainer forward and sampler.
 
 At 64 rows a decode step is its products: 2 x 135M multiply-adds per row for SmolLM2, which float32 on 2 Xeon cores
 (MKL, AVX-512) does at ~290 GFLOP/s on weights streamed from memory. A recent Xeon also has AMX, whose tiles
@@ -17,7 +17,8 @@ need it.
 ``packed.py`` offers it as the matmul kind "bf16x3" where it runs here (x86-64 Linux, AMX-BF16 and AVX512-BF16, a
 C compiler, and Linux granting the process AMX's tile state), and the decoder takes it wherever it runs. With packs
 of the weights' bfloat16 rounding alone (``pack(weight, products=1)``, kind "bf16x1") it is one bfloat16 product with
-float32 sums: what a bfloat16 model's frozen products run on here, in the trainer's forward and the sampler alike. A
+float32 sums: what a bfloat16 model's frozen products run on with ``RLVR_MATMUL=bf16x1``, in the trainer's forward
+and the sampler alike. A
 freshly built library is checked against products by hand before any use.
 
 Not here: choosing the kind (``packed.py``), the decode step (``decode.py``), building C (``native.py``).

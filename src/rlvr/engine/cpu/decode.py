@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from rlvr.engine.cpu import amx_linear, fma_linear, fused_attention
 from rlvr.engine.cpu.packed import (
+    AMX_KINDS,
     BFLOAT16_KINDS,
     fastest_kind,
     model_kind,
@@ -90,8 +91,8 @@ class _Projections:
     With ``packed`` set, the fused base weights run as one matmul on weights prepacked for this machine's fastest
     kernel (``pack_kind``: oneDNN's serves any row count, MKL's only batches of exactly ``pack_rows`` rows; other
     batch sizes use the module weights directly). The result is the same product either way, up to rounding; or,
-    with ``pack_kind`` "bf16" or "bf16x1" (the model's frozen linears run in bfloat16, ``packed.base_precision``;
-    "bf16x1" on AMX), the same bfloat16 product as the trainer's, summed in its kernel's order.
+    with ``pack_kind`` "bf16" or "bf16x1" (the model's frozen linears run in bfloat16, ``packed.base_precision``, on
+    the trainer's kernel, ``packed.bfloat16_kind``), the same bfloat16 product as the trainer's.
     """
 
     weights: list[torch.Tensor]
@@ -107,7 +108,7 @@ class _Projections:
         """All outputs side by side, (R, sum of output sizes), in the order of the modules, for the input ``x``, or
         ``x`` through the RMSNorm ``norm``, or with ``gated`` SiLU of ``x``'s first half times its second half. On
         the AMX kernel the kernel computes that input itself (and hands it to the adapters)."""
-        if self.pack_kind in ("bf16x3", "bf16x1"):
+        if self.pack_kind in AMX_KINDS:
             inputs = torch.empty(x.shape[0], self.pack_shape.shape[1]) if self.adapters else None
             out = amx_linear.linear(amx_linear.kernel(), x, self.packed, self.pack_shape.shape[0],
                                     None if norm is None else norm.weight,
@@ -253,7 +254,7 @@ _PACKS: weakref.WeakKeyDictionary[torch.nn.Module, tuple[str, int, list[torch.Te
 def _attach_packs(causal_lm: torch.nn.Module, projections: list[_Projections], rows: int) -> None:
     """Give ``projections`` their base weights fused and prepacked for this machine's fastest matmul (the AMX kernel
     where it runs, else chosen by timing at ``TIMING_ROWS`` rows on the first batch; about 0.5 s and one more copy
-    of the weights for SmolLM2; in bfloat16, the AMX kernel's one-product form or oneDNN's bfloat16 kernel).
+    of the weights for SmolLM2; in bfloat16, the trainer's kernel, ``packed.bfloat16_kind``).
     oneDNN's and the AMX kernel's packs serve every batch; MKL's are for one row count and are rebuilt when a batch
     of another size starts."""
     size = sum(w.numel() * w.element_size() for p in projections for w in p.weights)

@@ -98,7 +98,8 @@ def native_bfloat16() -> bool:
     return bool({"amx_bf16", "avx512_bf16"} & native.cpu()[1]) and bfloat16_supported()
 
 
-BFLOAT16_KINDS = ("bf16", "bf16x1")
+BFLOAT16_KINDS = ("bf16", "bf16x1")  # the kinds of a bfloat16 model's frozen products
+AMX_KINDS = ("bf16x3", "bf16x1")  # the kinds multiplied by rlvr's AMX kernel (``amx_linear``)
 
 
 def bfloat16_kind() -> str:
@@ -156,7 +157,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
     if kind == "bf16":
         out = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), packed, None, "none", [], "").float()
         return out if bias is None else out.add_(bias)
-    if kind in ("bf16x3", "bf16x1"):
+    if kind in AMX_KINDS:
         out = amx_linear.linear(amx_linear.kernel(), x, packed, shape.shape[0])
         return out if bias is None else out.add_(bias)
     if kind == "fma":
