@@ -41,6 +41,16 @@ def test_recipe_reward_and_its_config_reach_the_source():
     assert source.score(problem, "= 99999 <eoe>") == pytest.approx(0.5)
 
 
+def test_the_default_recipe_credits_only_a_reply_that_is_the_number():
+    source = build_source(resolve_config())
+    problem = source.problems("test")[0]
+    answer, wrong = problem.answer, int(problem.answer) + 1
+    assert [source.score(problem, text) for text in (f"{answer}", f" {answer}.\n", f"\\boxed{{{answer}}}")] == [1.0] * 3
+    for text in (f"I think {wrong}, not {answer}", f"The number {answer} is the most difficult thing",
+                 f"{answer} or {wrong}", f"{answer}\n\nBecause {wrong} - 1 = {answer}", f"The answer is {answer}."):
+        assert source.score(problem, text) == 0.0, text
+
+
 def test_recipes_over_data_need_data_and_generated_ones_refuse_it(tmp_path):
     with pytest.raises(ConfigurationError, match="recipe 'gsm8k' needs data"):
         build_source(resolve_config(recipe="gsm8k"))

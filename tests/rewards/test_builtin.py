@@ -111,7 +111,8 @@ def test_combine_by_name_and_duplicate_names():
 
 @pytest.mark.parametrize(("response", "expected"), [
     (r"so \boxed{72}", 1.0),   # correct, formatted
-    ("so 72", 0.9),            # correct (last number), not formatted: 1 + 0.1 * (0 - 1)
+    ("72", 0.9),               # correct (the whole reply), not formatted: 1 + 0.1 * (0 - 1)
+    ("so 72", -0.1),           # a number among words is no stated answer
     (r"\boxed{71}", 0.0),      # formatted, wrong
     ("71", -0.1),              # neither
 ])

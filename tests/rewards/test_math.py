@@ -1,4 +1,5 @@
-"""The math grader: answer extraction, equivalent forms, the sympy fallback, timeouts, and GSM8K's 7473 references."""
+"""The math grader: answer extraction in each stated form, equivalent forms, answers that must not be credited,
+the sympy fallback, timeouts, and GSM8K's 7473 references."""
 
 import importlib.util
 import json
@@ -25,13 +26,87 @@ def test_find_boxed_balances_braces():
     (r"so \boxed{12} and later \boxed{13}", "13"),      # last box
     ("Natalia sold 72 clips.\n#### 72", "72"),          # GSM8K
     ("#### 1,080", "1,080"),
-    ("The answer is 42. Then 7 more.", "42"),           # 'answer is' beats the last number
-    ("I get 3, then 5.5 in the end", "5.5"),           # last number
-    ("3/4 of it", "3/4"),
-    ("no numbers", None),
+    ("The answer is 42. Then 7 more.", "42"),           # 'answer is' to the end of its sentence
+    ("The answer is 3.5, I think", "3.5"),
+    ("Final answer: 1,000.\nDone", "1,000"),
+    ("The answer is 3. No, the answer is 4.", "4"),      # the last statement
+    ("answer: 3\n#### 5", "5"),                         # whichever statement comes last
+    ("  7. ", "7"),                                      # the whole reply, one final period dropped
+    ("I get 3, then 5.5 in the end", "I get 3, then 5.5 in the end"),  # no stated form: the whole reply
+    ("", None),
+    ("x" * 201, None),                                   # too long to be an answer stated as the whole reply
 ])
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+def test_extract_answer_in_one_form():
+    text = "The answer is 5.\n\\boxed{6}"
+    assert extract_answer(text, "boxed") == "6"
+    assert extract_answer(text, "final_line") == "5"
+    assert extract_answer(text, "whole") == text
+    assert extract_answer("7", "boxed") is None and extract_answer("7", "final_line") is None
+    with pytest.raises(ConfigurationError, match="answer form 'last_number'"):
+        extract_answer("7", "last_number")
+
+
+# Answers that name the reference without stating it, or state something else: each must score 0.0 (a grader that
+# credits them can be gamed by a policy that writes several numbers). The control column: stated forms that score 1.0.
+NOT_CREDITED = [
+    ("I think 3, not 4", "4"),                           # both numbers, no statement
+    ("The number 4 is the most difficult thing to say", "4"),  # the reference among words
+    ("It is 8.", "8"),                                   # no stated form: prose is not an answer
+    ("3, 4, 5", "4"),                                    # several numbers as the whole reply
+    ("The answer is 3 or 4.", "4"),                      # a hedge
+    (r"\boxed{3, 4}", "4"),
+    (r"\boxed{3 \text{ or } 4}", "4"),
+    ("The answer is 2 + 3 = 4.", "4"),                   # the right number inside a wrong equation
+    (r"\boxed{2+3=4}", "4"),
+    ("The answer is 4 + 1.", "4"),                       # the right number inside an expression of another value
+    ("The answer is 4 thousand.", "4"),                  # a scale word is not a unit
+    ("The answer is 4 dozen.", "4"),
+    ("The answer is -4.", "4"),                          # negative numbers keep their sign
+    (r"\boxed{-4}", "4"),
+    ("The answer is 4.", "-4"),
+    ("The answer is 1,000.", "100"),                     # thousands separators read whole
+    (r"\boxed{1,000}", "1"),
+    ("2x", "2"),                                         # a variable is not a unit
+    ("The answer is 4 because 2 + 2 = 4.", "4"),          # the statement holds more than the answer
+    ("4", "4 apples and 3 pears"),
+    ("The answer is \\boxed{3}. I mean 4", "4"),         # the box is the statement
+]
+CREDITED = [
+    ("4", "4"), ("4.", "4"), (" 4\n", "4"), ("The answer is 4.", "4"), ("Final answer: 4", "4"), ("#### 4", "4"),
+    (r"\boxed{4}", "4"), (r"\boxed{3} is wrong, so \boxed{4}", "4"), ("The answer is 3. No, the answer is 4.", "4"),
+    (r"\boxed{2+2=4}", "4"), (r"\boxed{x = 4}", "4"), ("3 + 4 = 7", "7"), ("The answer is 4 apples.", "4"),
+    (r"\boxed{4 \text{ cm}}", "4"), ("The answer is 3 km/h.", "3"), ("4 dollars", "4"), ("$18", "18"),
+    ("50%", "50"), ("The answer is $4$.", "4"), ("The answer is \u22124.", "-4"), ("-4", "-4"),
+    (r"\boxed{-\frac{1}{2}}", "-0.5"), ("The answer is 1,000.", "1000"),
+    ("The answer is 1,000, which is a lot.", "1000"),
+    (r"\boxed{1,000,000}", "1000000"), ("The final answer is 12.5.", "12.5"),
+    (r"\boxed{\text{Monday}}", r"\text{Monday}"), ("The answer is Monday.", "Monday"),
+]
+
+
+@pytest.mark.parametrize(("response", "reference"), NOT_CREDITED)
+def test_answers_not_stated_or_wrong_score_zero(response, reference):
+    assert resolve_reward("math_correct")("p", response, {"answer": reference}) == 0.0
+
+
+@pytest.mark.parametrize(("response", "reference"), CREDITED)
+def test_answers_stated_in_a_form_score_one(response, reference):
+    assert resolve_reward("math_correct")("p", response, {"answer": reference}) == 1.0
+
+
+@pytest.mark.parametrize(("form", "credited"), [
+    ("whole", ["4", "4.", r"\boxed{4}"]),               # a reply that is only a box is still the whole reply
+    ("final_line", ["The answer is 4.", "#### 4", "Final answer: 4"]),
+    ("boxed", [r"\boxed{4}", r"so \boxed{4}."]),
+])
+def test_each_form_credits_only_its_own_statement(form, credited):
+    reward = resolve_reward("math_correct", answer_form=form)
+    every = ["4", "4.", "The answer is 4.", "#### 4", "Final answer: 4", r"\boxed{4}", r"so \boxed{4}."]
+    assert [reward("p", text, {"answer": "4"}) for text in every] == [float(text in credited) for text in every]
 
 
 def test_normalize_and_plain_numbers():
@@ -40,6 +115,7 @@ def test_normalize_and_plain_numbers():
     assert normalize_answer("1,2") == "1,2"  # a pair, not a thousands separator
     assert as_number("-7/4") == as_number(r"-\frac{7}{4}") == as_number("-1.75")
     assert as_number("x+1") is None and as_number("1/0") is None
+    assert normalize_answer("\u22124") == "-4"  # a typeset minus sign
 
 
 EQUIVALENT = [
@@ -103,7 +179,8 @@ def test_sympy_fallback_never_evaluates_code(tmp_path):
 
 def test_reference_from_expected_answer_or_a_worked_solution():
     reward = resolve_reward("math_correct")
-    assert reward("p", "It is 8.", {"expected_answer": 8}) == 1.0
+    assert reward("p", "It is 8.", {"expected_answer": 8}) == 0.0  # prose, not a stated answer
+    assert reward("p", "The answer is 8.", {"expected_answer": 8}) == 1.0
     assert reward("p", r"\boxed{5}", {"answer": r"so the result is \boxed{5}"}) == 1.0
     assert reward("p", "#### 24", {"answer": "48/2 = 24\n#### 24"}) == 1.0
 
@@ -115,11 +192,15 @@ def test_missing_reference_raises_rather_than_scoring_zero():
         resolve_reward("math_correct")("p", r"\boxed{1}")
 
 
-def test_require_boxed():
+def test_require_boxed_and_bad_settings():
     assert resolve_reward("math_correct")("p", "The answer is 5", {"answer": "5"}) == 1.0
     assert resolve_reward("math_correct", require_boxed=True)("p", "The answer is 5", {"answer": "5"}) == 0.0
     with pytest.raises(ConfigurationError, match="backend"):
         resolve_reward("math_correct", backend="wolfram")
+    with pytest.raises(ConfigurationError, match=r"answer_form='last'.*one of"):
+        resolve_reward("math_correct", answer_form="last")
+    with pytest.raises(ConfigurationError, match="contradicts answer_form='whole'"):
+        resolve_reward("math_correct", require_boxed=True, answer_form="whole")
 
 
 @pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed")

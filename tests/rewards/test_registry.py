@@ -146,7 +146,7 @@ def test_bools_and_ints_are_numbers():
 
 def test_module_path_names():
     reward = resolve_reward("rlvr.rewards.math:MathCorrect", require_boxed=True)
-    assert isinstance(reward, MathCorrect) and reward.require_boxed
+    assert isinstance(reward, MathCorrect) and reward.answer_form == "boxed"
     with pytest.raises(ConfigurationError, match="cannot import module"):
         resolve_reward("no_such_module_xyz:reward")
     with pytest.raises(ConfigurationError, match="has no attribute"):

@@ -8,10 +8,13 @@ import rlvr.rl.basic as basic
 from rlvr.rl.basic import BasicConfig, reward, train
 
 
-def test_reward_takes_the_last_integer():
+def test_reward_takes_the_stated_answer_not_the_last_number():
     assert reward("12 + 13 = 25", 25) == 1.0
+    assert reward("25", 25) == 1.0
     assert reward("12 + 13 = 24", 25) == 0.0
+    assert reward("12 + 13 = 24, not 25", 25) == 0.0
     assert reward("The answer is -3", -3) == 1.0
+    assert reward("The answer is 3", -3) == 0.0
     assert reward("no number here", 1) == 0.0
 
 

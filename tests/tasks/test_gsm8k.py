@@ -34,7 +34,8 @@ def test_records_become_problems():
     assert source.score(second, "so \\boxed{1080}") == 1.0
     assert source.score(second, "so \\boxed{1,080}") == 1.0
     assert source.score(second, "so \\boxed{1081}") == 0.0
-    assert source.score(second, "It is 1080") == pytest.approx(0.9)
+    assert source.score(second, "The answer is 1080.") == pytest.approx(0.9)  # correct, not boxed
+    assert source.score(second, "It is 1080") == pytest.approx(-0.1)  # a number among words states no answer
 
 
 def test_a_bad_record_names_its_index_and_fields():

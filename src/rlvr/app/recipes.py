@@ -20,10 +20,12 @@ from rlvr.model_names import unaliased
 __all__ = ["ENV_RECIPES", "GENERATED", "RECIPES", "recipe_presets"]
 
 RECIPES: dict[str, dict[str, Any]] = {
-    # One-digit addition and subtraction on SmolLM2: visible held-out gains in minutes on 2 cores.
+    # One-digit addition and subtraction on SmolLM2: visible held-out gains in minutes on 2 cores. The prompt asks
+    # for only the number, and the grader credits just that: the whole reply is the answer (answer_form="whole").
     "arithmetic": {
         "base_model": "smollm2-135m", "steps": 20, "problems_per_step": 4, "group_size": 8, "max_tokens": 16,
         "learning_rate": 2e-4, "eval_problems": 64, "save_every": 10, "reward": "math_correct",
+        "reward_config": {"answer_form": "whole"},
         "task": {"levels": [1], "num_train": 120, "num_test": 64, "instruction": "Answer with only the number."},
     },
     # Simplexity's setup: a small transformer from scratch (the tiny byte-level model, full-rank LoRA on every

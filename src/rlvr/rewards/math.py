@@ -23,6 +23,7 @@ timeout. What it is not: a grader of free-form proofs or of answers that are not
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -59,23 +60,54 @@ def find_boxed(text: str) -> list[str]:
     return found
 
 
-_HASHES = re.compile(r"####\s*([^\n]+)")
-_ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*[:=]?\s*\$?\s*(\\?\$?\s*[+-]?[\d,]*\.?\d+(?:\s*/\s*\d+)?)", re.I)
-_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[+-]?\.\d+")
+FORMS = ("auto", "boxed", "final_line", "whole")
+"""Where a response states its final answer (:func:`extract_answer`): ``boxed``, the last non-empty ``\\boxed{}``;
+``final_line``, the last explicit final-answer statement (a GSM8K ``#### x`` line, "the answer is x",
+"Final answer: x"); ``whole``, the whole reply is the answer; ``auto``, the first of those three that the response
+has. No form takes "the last number in the text": a response that names the answer among other numbers has not
+stated it."""
+
+_HASHES = re.compile(r"####[ \t]*([^\n]*)")
+# "The answer is x", "Final answer: x", "answer = x": the statement runs to the end of its sentence or line (a period,
+# comma, semicolon or mark followed by a space or the end; "3.5" and "1,000" stay whole).
+_ANSWER_IS = re.compile(r"\banswer\s*(?:is\b|:|=)\s*[:=]?[ \t]*(.*?)[ \t]*(?=[.,;!?]?[ \t]*(?:\n|$)|[.,;!?][ \t])",
+                        re.I)
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer in ``text``: the last non-empty ``\\boxed{}``, else the last ``#### x``, else the last
-    "answer is x", else the last number; None when there is none."""
-    boxed = [b for b in find_boxed(text) if b.strip()]
-    if boxed:
-        return boxed[-1].strip()
-    for pattern in (_HASHES, _ANSWER_IS):
-        matches = pattern.findall(text)
-        if matches and matches[-1].strip():
-            return matches[-1].strip()
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].strip() if numbers else None
+def _final_line(text: str) -> str | None:
+    """The answer of the last ``#### x`` line or "answer is x" statement in ``text``, whichever comes later."""
+    found = [(m.start(), m.group(1)) for pattern in (_HASHES, _ANSWER_IS) for m in pattern.finditer(text)]
+    found = [(start, answer.strip()) for start, answer in found if answer.strip()]
+    return max(found)[1] if found else None
+
+
+WHOLE_MAX_CHARS = 200
+"""A reply longer than this is not an answer stated as the whole reply (``whole`` finds none in it)."""
+
+
+def _whole(text: str) -> str | None:
+    """The whole reply as its answer, stripped of surrounding space and one final period; None when empty or longer
+    than :data:`WHOLE_MAX_CHARS`."""
+    answer = text.strip()
+    answer = answer[:-1].rstrip() if answer.endswith(".") and not answer.endswith("..") else answer
+    return answer if answer and len(answer) <= WHOLE_MAX_CHARS else None
+
+
+def extract_answer(text: str, form: str = "auto") -> str | None:
+    """The final answer ``text`` states in ``form`` (see :data:`FORMS`); None when it states none there."""
+    if form not in FORMS:
+        raise ConfigurationError(f"answer form {form!r}: must be one of {FORMS}")
+    if form in ("auto", "boxed"):
+        boxed = [b for b in find_boxed(text) if b.strip()]
+        if boxed:
+            return boxed[-1].strip()
+    if form in ("auto", "final_line"):
+        stated = _final_line(text)
+        if stated is not None:
+            return stated
+    if form in ("auto", "whole"):
+        return _whole(text)
+    return None
 
 
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -95,7 +127,7 @@ def normalize_answer(answer: str) -> str:
         text = boxed[0]
     for token in _REMOVE:
         text = text.replace(token, "")
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\u2212", "-")
     text = re.sub(r"\s+", " ", text).strip().rstrip(".").strip()
     if _THOUSANDS.fullmatch(text):
         text = text.replace(",", "")
@@ -213,8 +245,63 @@ def _math_verify_equal(pred: str, ref: str, timeout_s: float | None) -> bool | N
     return result
 
 
+# -- what a stated answer may carry besides its value ------------------------------------------------------------------
+_FUNCTIONS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "sqrt", "pi", "inf", "infty", "oo", "mod",
+              "deg", "arcsin", "arccos", "arctan"}
+_CHANGES_VALUE = {"or", "and", "not", "no", "nor", "plus", "minus", "times", "over", "divided", "by", "to", "than",
+                  "less", "more", "thousand", "thousands", "million", "millions", "billion", "billions", "trillion",
+                  "hundred", "hundreds", "dozen", "dozens", "score", "squared", "cubed", "half", "halves", "quarter",
+                  "quarters", "third", "thirds", "percentile", "per", "ish", "approximately", "about", "around"}
+"""Words after a number that change its value or hedge it (``4 thousand``, ``3 or 4``): never taken as a unit."""
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_TEXT = r"\\(?:text|mbox|mathrm)\s*\{([^{}]*)\}"
+_UNIT_TAIL = re.compile(rf"(?P<value>.*?[\d}}])\s*(?P<unit>(?:{_TEXT}|[A-Za-z]+\.?|/|\s)++)")
+_NOT_MATH = re.compile(r"[#?;@~\"`]")
+"""Characters no stated value holds: an answer with them is text around an answer (``#### 4`` as a whole reply)."""
+_VARIABLE = re.compile(r"\s*(?:[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+)\s*")
+
+
+def _words(answer: str) -> set[str]:
+    """The prose words of ``answer``: runs of two or more letters that are not LaTeX commands or function names."""
+    return {w.lower() for w in _WORD.findall(answer)} - _FUNCTIONS
+
+
+def _without_units(answer: str) -> str | None:
+    """``answer`` without a unit after its value (``4 apples``, ``12 \\text{ cm}``, ``3 km/h``); None when the
+    words after the value change it (``4 thousand``, ``3 or 4``)."""
+    match = _UNIT_TAIL.fullmatch(answer) if len(answer) <= WHOLE_MAX_CHARS else None
+    if not match or (not re.search(_TEXT, match.group("unit")) and all(
+            len(w) == 1 for w in re.findall(r"[A-Za-z]+", match.group("unit")))):
+        return answer  # no unit, or only one-letter names outside \text{} (``2x``: a variable, not a unit)
+    if {w.lower() for w in re.findall(r"[A-Za-z]+", re.sub(_TEXT, r" \1 ", match.group("unit")))} & (
+            _CHANGES_VALUE | _FUNCTIONS):
+        return None
+    return match.group("value").strip()
+
+
+def _equation_value(answer: str, backend: str, timeout_s: float | None) -> str | None:
+    """The value an equation states (``x = 4`` is 4; ``2 + 2 = 4`` is 4 because both sides agree), or None when its
+    sides disagree (``2 + 3 = 4`` states nothing true). An answer without ``=`` is itself."""
+    sides = answer.split("=")
+    if len(sides) == 1:
+        return answer
+    if _VARIABLE.fullmatch(sides[0]):
+        sides = sides[1:]
+    if any(not side.strip() for side in sides):
+        return None
+    for left, right in itertools.pairwise(sides):
+        if not answers_match(left, right, backend, timeout_s):
+            return None
+    return sides[-1].strip()
+
+
 def answers_match(pred: str, ref: str, backend: str = "auto", timeout_s: float | None = 5.0) -> bool:
-    """Whether the answer ``pred`` equals the reference ``ref`` (both final answers, not whole responses)."""
+    """Whether the answer ``pred`` equals the reference ``ref`` (both final answers, not whole responses).
+
+    Beyond equal forms of one value, ``pred`` may carry a unit the reference leaves out (``4 apples`` for ``4``) and
+    may be an equation whose sides all agree (``x = 4``, ``2 + 2 = 4``). It never matches when it hedges or scales
+    the value (``3 or 4``, ``4 thousand``), names a wrong equation (``2 + 3 = 4``), or carries prose the reference
+    does not (``I think 4``)."""
     if backend not in BACKENDS:
         raise ConfigurationError(f"answers_match(backend={backend!r}): must be one of {BACKENDS}")
     p, r = normalize_answer(pred), normalize_answer(ref)
@@ -222,6 +309,20 @@ def answers_match(pred: str, ref: str, backend: str = "auto", timeout_s: float |
         return False
     if p == r:
         return True
+    if "=" in p and "=" not in r:
+        value = _equation_value(p, backend, timeout_s)
+        if value is None:
+            return False
+        p = normalize_answer(value)
+        if p == r:
+            return True
+    if not _words(r):
+        value = _without_units(p)
+        if value is None:
+            return False
+        p = value
+    if _words(p) - _words(r) or _NOT_MATH.search(p):
+        return False
     p_num, r_num = as_number(p), as_number(r)
     if p_num is not None and r_num is not None:
         return p_num == r_num
@@ -252,28 +353,34 @@ class MathCorrect(Reward):
     """1.0 when the response's final answer equals the reference (``meta["answer"]`` or
     ``meta["expected_answer"]``), else 0.0. Raises when meta has no reference (a data bug, never a 0).
 
-    ``require_boxed=True`` reads only a ``\\boxed{}`` answer (else :func:`extract_answer`'s fallbacks apply);
-    ``backend`` is ``"auto"`` (math-verify when installed, with the sympy fallback), ``"math_verify"`` or
-    ``"sympy"``; ``timeout_s`` bounds math-verify in the main thread (see the module docstring).
+    ``answer_form`` says where the response must state its answer (:data:`FORMS`: ``"auto"``, the default, takes
+    a ``\\boxed{}``, else an explicit final-answer line, else the whole reply; ``"boxed"``, ``"final_line"`` and
+    ``"whole"`` take only that form); set it to what the prompt asks for. ``require_boxed=True`` is
+    ``answer_form="boxed"``. ``backend`` is ``"auto"`` (math-verify when installed, with the sympy fallback),
+    ``"math_verify"`` or ``"sympy"``; ``timeout_s`` bounds math-verify in the main thread (see the module docstring).
     A reference that is itself a worked solution (it contains ``\\boxed{}`` or ``####``) is reduced to its answer.
     """
 
     name = "math_correct"
 
-    def __init__(self, backend: str = "auto", timeout_s: float | None = 5.0, require_boxed: bool = False) -> None:
+    def __init__(self, backend: str = "auto", timeout_s: float | None = 5.0, require_boxed: bool = False,
+                 answer_form: str = "auto") -> None:
         if backend not in BACKENDS:
             raise ConfigurationError(f"math_correct(backend={backend!r}): must be one of {BACKENDS}")
-        self.backend, self.timeout_s, self.require_boxed = backend, timeout_s, require_boxed
+        if answer_form not in FORMS:
+            raise ConfigurationError(f"math_correct(answer_form={answer_form!r}): must be one of {FORMS} (where "
+                                     "the prompt asks the model to state its final answer)")
+        if require_boxed and answer_form not in ("auto", "boxed"):
+            raise ConfigurationError(f"math_correct: require_boxed=True contradicts answer_form={answer_form!r}; "
+                                     "set only answer_form")
+        self.backend, self.timeout_s = backend, timeout_s
+        self.answer_form = "boxed" if require_boxed else answer_form
 
     def __call__(self, prompt: str, response: str, meta: Mapping[str, Any] | None = None) -> float:
         reference = str(reference_answer(meta, self.name))
         if "\\boxed" in reference or "####" in reference:
             reference = extract_answer(reference) or reference
-        if self.require_boxed:
-            boxed = [b for b in find_boxed(response) if b.strip()]
-            answer = boxed[-1] if boxed else None
-        else:
-            answer = extract_answer(response)
+        answer = extract_answer(response, self.answer_form)
         if answer is None:
             return 0.0
         return float(answers_match(answer, reference, self.backend, self.timeout_s))

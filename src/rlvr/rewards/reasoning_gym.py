@@ -32,7 +32,8 @@ LIST_NAMES = "python -c 'import reasoning_gym.factory as f; print(sorted(f.DATAS
 
 ANSWER_FORMATS = ("final", "answer_tag", "plain")
 """Where a response gives its answer: ``final``, rlvr's final-answer convention for numbers (``math_correct``'s
-``extract_answer``: the last ``\\boxed{}``, else ``#### x``, else "the answer is x", else the last number);
+``extract_answer``: the last ``\\boxed{}``, else a final-answer line (``#### x``, "the answer is x"), else the whole
+reply; never a number picked out of prose);
 ``answer_tag``, reasoning-gym's ``<answer>...</answer>`` (the last one); ``plain``, the whole response (reasoning-gym's
 bare answer). Text answers (words, lists) need ``answer_tag`` or ``plain``."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from rich.table import Table
 
 from rlvr import types
 from rlvr.client import ServiceClient
+from rlvr.rewards import resolve_reward
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.datums import rl_datum, sample_train_metrics
 from rlvr.rl.plot import plot_run
@@ -61,11 +61,14 @@ def make_problem(rng: random.Random, max_operand: int) -> tuple[str, int]:
     return f"What is {a} + {b}? Answer with only the number.", a + b
 
 
+math_correct = resolve_reward("math_correct")
+
+
 def reward(response: str, answer: int) -> float:
-    """1.0 when the last integer in the response is the answer, else 0.0 (the model often restates the sum:
-    "12 + 13 = 25")."""
-    numbers = re.findall(r"-?\d+", response)
-    return float(bool(numbers) and int(numbers[-1]) == answer)
+    """1.0 when the response states the answer (the whole reply, "the answer is x", or a true sum "12 + 13 = 25"),
+    else 0.0: the grader rlvr's recipes use (``math_correct``), never "the last number in the text", which a
+    policy games by writing several numbers."""
+    return math_correct("", response, {"answer": answer})
 
 
 def render(tokenizer, question: str) -> types.ModelInput:
