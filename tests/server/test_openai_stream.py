@@ -82,8 +82,11 @@ def test_text_sent_is_always_a_prefix_of_the_final_text_whatever_the_tokens(toke
 # -- through the server -----------------------------------------------------------------------------------------------
 
 def test_the_first_chunk_arrives_before_the_last_token_is_drawn(oai, monkeypatch):
-    steps, received = [], threading.Event()
-    real = Watch.step
+    from rlvr.engine.sample import sampler
+
+    steps, draws, received = [], [], threading.Event()
+    real, real_choose = Watch.step, sampler._choose
+    monkeypatch.setattr(sampler, "_choose", lambda *args: draws.append(1) or real_choose(*args))  # one per step
 
     def held(self, drawn):  # on the engine thread: after its first step the sampler waits for the test
         real(self, drawn)
@@ -95,7 +98,7 @@ def test_the_first_chunk_arrives_before_the_last_token_is_drawn(oai, monkeypatch
     stream = oai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, seed=3, stream=True)
     chunks = iter(stream)
     first = next(chunks)
-    drawn_when_first_arrived = len(steps)
+    drawn_when_first_arrived = len(draws)
     received.set()
     rest = list(chunks)
     assert drawn_when_first_arrived == 1 and len(first.choices[0].token_ids) == 1

@@ -26,10 +26,17 @@ def _collect() -> tuple[Watch, list[list[tuple[int, int, float]]]]:
     return Watch(steps.append), steps
 
 
-def test_tokens_are_handed_out_one_step_at_a_time_and_are_the_responses(sampler):
-    watch, steps = _collect()
+def test_tokens_are_handed_out_one_step_at_a_time_and_are_the_responses(sampler, monkeypatch):
+    from rlvr.engine.sample import sampler as cpu_sampler
+
+    draws, drawn_at = [], []  # the sampler's draws so far, and how many there had been at each hand-out
+    real_choose = cpu_sampler._choose
+    monkeypatch.setattr(cpu_sampler, "_choose", lambda *args: draws.append(1) or real_choose(*args))
+    steps: list = []
+    watch = Watch(lambda drawn: (steps.append(drawn), drawn_at.append(len(draws))))
     params = types.SamplingParams(max_tokens=12, seed=3, temperature=0.8)
     response = sampler.sample_watched(watch, PROMPT, 3, params).result()
+    assert drawn_at == list(range(1, len(steps) + 1))  # each step handed out before the next is drawn
     plain = sampler.sample(PROMPT, 3, params).result()
     assert [s.tokens for s in response.sequences] == [s.tokens for s in plain.sequences]  # watching changes nothing
     assert [s.logprobs for s in response.sequences] == [s.logprobs for s in plain.sequences]
