@@ -66,8 +66,12 @@ def test_cancelling_ends_the_rows_at_the_next_step_and_spares_the_neighbours(sam
     assert [len(s.tokens) for s in neighbour.sequences] == [40, 40]
 
 
-def test_a_request_cancelled_while_it_waits_is_not_decoded(sampler):
-    running, release = threading.Event(), threading.Event()
+def test_a_request_cancelled_while_it_waits_is_not_decoded(sampler, monkeypatch):
+    from rlvr.engine.sample import sampler as cpu_sampler
+
+    running, release, draws = threading.Event(), threading.Event(), []
+    real_choose = cpu_sampler._choose
+    monkeypatch.setattr(cpu_sampler, "_choose", lambda *args: draws.append(1) or real_choose(*args))
 
     def busy() -> None:
         running.set()
@@ -80,10 +84,10 @@ def test_a_request_cancelled_while_it_waits_is_not_decoded(sampler):
     watch.cancel()
     release.set()
     blocker.result()
-    after = sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=3, seed=1)).result()  # the queue moves on
+    after = sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=3, stop=[], seed=1)).result()  # it moves on
     with pytest.raises(CancelledError):
         future.result()
-    assert not steps and len(after.sequences[0].tokens) <= 3
+    assert not steps and len(after.sequences[0].tokens) == 3 and len(draws) == 3  # the next request's draws only
 
 
 def test_a_callback_that_raises_cancels_its_own_request_only(sampler):
