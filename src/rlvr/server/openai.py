@@ -12,7 +12,8 @@ has it), or, in process, a sampling client handed to ``openai_client``; ``/v1/mo
 What is covered: the chat template of the model's tokenizer (chat), ``n``, ``temperature``, ``top_p``, ``top_k``
 (vLLM's extra), ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``, ``logprobs`` /
 ``top_logprobs`` (at most 20), ``stream`` over server-sent events ending in ``data: [DONE]`` (with
-``stream_options.include_usage``), prompts as text or token ids, several prompts in one completion request. For a
+``stream_options.include_usage``: a last chunk with the usage), prompts as text or token ids, several prompts in one
+completion request. For a
 trainer, each choice carries ``token_ids`` (every sampled token, the stop string's and EOS included, which the text
 leaves out) and the response ``prompt_token_ids`` (per choice in completions), as vLLM's ``return_token_ids`` does;
 ``return_tokens_as_token_ids: true`` (vLLM's extra) renders logprob tokens as ``token_id:<id>``. Logprobs are under
@@ -26,13 +27,22 @@ it cannot; a reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 
 What is not: ``tool_choice`` ``"required"`` or a named function, ``parallel_tool_calls: false``, the legacy
 ``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``, ``echo``,
-``suffix``, images and audio (each is a 400 naming the field); token-by-token streaming (the engine returns a sample
-whole, so a stream carries each choice in one chunk once it is done, its tool calls whole); the embeddings, responses
-and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
-400 for a malformed request (naming the field and the fix), 401 for a bad key (``auth.py``), 404 for an unknown model.
+``suffix``, images and audio (each is a 400 naming the field); the embeddings, responses and other endpoints (404).
+
+Streams stream: a chunk per choice per decode step, sent while the engine goes on sampling (``openai_stream.py``),
+carrying that step's ``token_ids``, their logprobs when asked, and the text that became certain (a character split
+across tokens and a possible stop string wait); a choice's last chunk has its ``finish_reason`` and the rest of its
+text, so its chunks concatenate to the non-streamed choice of the same seed. Tool calls (parsed out of the whole
+reply) and ``top_logprobs`` alternatives (computed over the finished sample) come whole in each choice's one chunk
+at its end, as does the text of a tokenizer that cleans up spaces. A client that disconnects cancels its request:
+its rows leave the engine's batch at the next step.
+
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed request (naming
+the field and the fix), 401 for a bad key (``auth.py``), 404 for an unknown model; one that fails after its stream
+began is the stream's last event before ``[DONE]``.
 
 Not here: request bodies, prompts and the error shape (``openai_wire.py``), rendering tools and parsing tool calls
-(``openai_tools.py``), the sampling itself
+(``openai_tools.py``), the text of a stream and its calls' events (``openai_stream.py``), the sampling itself
 (``rlvr.SamplingClient.sample``), which checkpoints exist and whose they are (``catalog.py``), the Tinker protocol
 (``routes/``), vLLM's token-in/token-out route (``generate.py``, over the same ``Models``).
 """
