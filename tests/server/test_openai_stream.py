@@ -204,3 +204,16 @@ def test_a_client_that_goes_away_cancels_its_request_and_the_next_is_served(oai,
     after = oai.completions.create(model="tiny", prompt="Hi", max_tokens=5, seed=8).choices[0]
     assert after.token_ids == plain.token_ids[:5]
     assert len(steps) == 1  # the cancelled row left the batch after the step it was held in
+
+
+def test_a_failure_after_the_stream_began_is_its_last_event(oai, monkeypatch):
+    from rlvr.server import openai as endpoint
+
+    async def breaks_midway(client, prompt, req, max_tokens, top, field, watch=None):
+        watch.step([(0, 65, -1.0)])  # one token out, so the stream begins
+        raise RuntimeError("the engine broke midway")
+
+    monkeypatch.setattr(endpoint, "_sample", breaks_midway)
+    stream = oai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, stream=True)
+    with pytest.raises(openai.APIError, match="the engine broke midway"):
+        list(stream)
