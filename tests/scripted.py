@@ -12,19 +12,21 @@ from rlvr import types
 
 def script_chat(monkeypatch, write: Callable[[str], str | None]) -> list[str]:
     """Make rlvr's OpenAI endpoint (in process and the live test server alike) answer each request with the text
-    ``write(prompt text)`` returns, then EOS, or sample for real where it returns None. Scripted tokens carry the
-    model's own logprobs of them, so they train as sampled ones would. Returns the prompts seen, as text."""
+    ``write(prompt text)`` returns, then EOS (a stream gets it whole at the end), or sample for real where it returns
+    None. Scripted tokens carry the model's own logprobs of them, so they train as sampled ones would. Returns the
+    prompts seen, as text."""
     from rlvr.server import openai as endpoint
 
     real = endpoint._sample
     seen: list[str] = []
 
-    async def sample(client, prompt: list[int], req, max_tokens, top: int, field: str) -> types.SampleResponse:
+    async def sample(client, prompt: list[int], req, max_tokens, top: int, field: str, watch=None
+                     ) -> types.SampleResponse:
         tokenizer = client.get_tokenizer()
         seen.append(tokenizer.decode(prompt))
         text = write(seen[-1])
         if text is None:
-            return await real(client, prompt, req, max_tokens, top, field)
+            return await real(client, prompt, req, max_tokens, top, field, watch)
         tokens = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
         logprobs = (await client.compute_logprobs(types.ModelInput.from_ints(prompt + tokens)))[len(prompt):]
         return types.SampleResponse(sequences=[

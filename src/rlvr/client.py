@@ -38,6 +38,7 @@ from rlvr.engine.engine import CustomLossFn, Engine, Trainer
 from rlvr.engine.models.load import canonical_name
 from rlvr.engine.models.lora import LORA_ALPHA, LoraSpec
 from rlvr.engine.sample.scores import ScoreRequest
+from rlvr.engine.sample.watch import Watch
 from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.engine.train.optim import check_params_for, config_of, kind_of, kind_of_config
 from rlvr.errors import ConfigurationError
@@ -334,6 +335,15 @@ class SamplingClient(_SelfFuture):
         machine is, where requests sent one by one share a batch with whatever arrived meanwhile. The RL loop
         samples a step this way when its client has it."""
         return self.engine.submit_samples(self._handle, requests)
+
+    def sample_watched(self, watch: Watch, prompt: types.ModelInput, num_samples: int,
+                       sampling_params: types.SamplingParams, topk_sample_logprobs: int = 0
+                       ) -> APIFuture[types.SampleResponse]:
+        """``sample`` (rlvr's own) that hands ``watch`` the tokens as they are drawn, while decoding goes on;
+        ``watch.cancel()`` stops it (``rlvr.engine.sample.watch``). What is sampled is what ``sample`` would give.
+        The OpenAI routes stream this way."""
+        return self.engine.submit_sample(self._handle, prompt, num_samples, sampling_params,
+                                         scores=ScoreRequest(topk_sample=topk_sample_logprobs), watch=watch)
 
     def compute_logprobs(self, prompt: types.ModelInput) -> APIFuture[list[float | None]]:
         """log p(token_i | tokens_<i) for every prompt token; None for the first."""

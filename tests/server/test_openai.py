@@ -155,7 +155,7 @@ def test_streams_carry_the_same_choices_and_end_with_done(oai, server):
         raw = http.post("/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 3,
                                                    "stream": True})
     assert raw.headers["content-type"].startswith("text/event-stream")
-    assert raw.text.endswith("data: [DONE]\n\n") and raw.text.count("data: ") == 2
+    assert raw.text.endswith("data: [DONE]\n\n")
 
 
 # -- tools ------------------------------------------------------------------------------------------------------------
@@ -434,7 +434,7 @@ def test_in_process_client_samples_as_the_server_does(oai, service):
     served = oai.completions.create(model="tiny", prompt="Hi", max_tokens=5, n=2, seed=9)
     assert [c.token_ids for c in completion.choices] == [c.token_ids for c in served.choices]
     chat = oai.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, seed=9)
-    assert chunks[0].choices[0].token_ids == chat.choices[0].token_ids
+    assert [t for chunk in chunks for t in chunk.choices[0].token_ids] == chat.choices[0].token_ids
     assert {"tiny", "smollm2-135m"} <= {m.id for m in models.data}
 
 

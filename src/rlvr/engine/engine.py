@@ -51,6 +51,7 @@ from rlvr.engine.models.lora import AdapterHost, LoraSpec
 from rlvr.engine.sample import sampler
 from rlvr.engine.sample.sampler import SampleJob, Sequence_, resolve_params
 from rlvr.engine.sample.scores import ScoreRequest
+from rlvr.engine.sample.watch import Watch
 from rlvr.engine.sample_queue import SampleQueue, SamplerHandle
 from rlvr.engine.train import optim
 from rlvr.engine.train.batch import CheckedDatum, check_data, model_input_tokens
@@ -504,13 +505,15 @@ class Engine:
         params: types.SamplingParams,
         include_prompt_logprobs: bool = False,
         scores: ScoreRequest | None = None,
+        watch: Watch | None = None,
     ) -> AwaitableConcurrentFuture:
         """Queue a sampling request. Requests waiting together for the same weights are decoded as one batch.
         ``scores`` asks for prompt and sample scores besides the samples (``scores.py``); ``include_prompt_logprobs``
-        is its ``prompt_logprobs`` alone."""
+        is its ``prompt_logprobs`` alone. ``watch`` is handed the tokens as they are drawn and may cancel the request
+        (``sample/watch.py``)."""
         scores = scores or ScoreRequest(prompt_logprobs=include_prompt_logprobs)
         try:
-            job = self._sample_job(handle, prompt, num_samples, params)
+            job = self._sample_job(handle, prompt, num_samples, params, watch)
             scores.check(len(job.prompt), self._vocab_size(handle.host))
         except Exception as exc:  # Bad requests fail on their own future, before joining any batch.
             return _failed(exc)
@@ -534,7 +537,7 @@ class Engine:
         return [future if future is not None else next(queued) for future in futures]
 
     def _sample_job(self, handle: SamplerHandle, prompt: types.ModelInput, num_samples: int,
-                    params: types.SamplingParams) -> SampleJob:
+                    params: types.SamplingParams, watch: Watch | None = None) -> SampleJob:
         if not isinstance(num_samples, int) or num_samples < 1:
             raise SamplingError(f"num_samples must be a positive integer, got {num_samples!r}")
         if not isinstance(params, types.SamplingParams):
@@ -547,7 +550,7 @@ class Engine:
         settings = resolve_params(params, len(tokens), _context_len(base.model), _eos_ids(base), vocab_size)
         with self._rng_lock:  # handle.rng is shared by every request of one client
             seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=handle.rng))
-        return SampleJob(tokens, num_samples, settings, torch.Generator().manual_seed(seed))
+        return SampleJob(tokens, num_samples, settings, torch.Generator().manual_seed(seed), watch)
 
     def compute_logprobs(self, handle: SamplerHandle, prompt: types.ModelInput) -> list[float | None]:
         tokens = model_input_tokens(prompt, self._vocab_size(handle.host), "prompt")

@@ -6,7 +6,8 @@ batch, but the engine thread wakes on the first: so ``drain`` first waits until 
 groups the waiting requests by the weights they sample from (base model and adapter) and decodes each group in
 consecutive chunks of at most ``max_rows`` samples (the engine's ``SampleBatch``: the CPU sampler or the GPU one),
 settling every request's future with
-its SampleResponse, or with the error its chunk's decode raised.
+its SampleResponse, or with the error its chunk's decode raised. A watched request (``sample/watch.py``) cancelled
+while it waited is dropped here, its future cancelled.
 
 On the CPU sampler's own path a request's samples do not depend on which requests share its decode (see
 ``sample/sampler.py``), so a seeded request sent on its own gets the same tokens and logprobs whatever arrived with it.
@@ -32,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,6 +136,9 @@ class SampleQueue:
             time.sleep(SAMPLE_GATHER_S)
         with self._lock:
             pending, self._pending = self._pending, []
+        for request in [r for r in pending if r.job.cancelled]:  # watched, and cancelled before its decode
+            request.future.cancel()
+        pending = [r for r in pending if not r.job.cancelled]
         groups: dict[tuple[int, str | None, int | None], list[_PendingSample]] = {}
         for request in pending:
             groups.setdefault((id(request.handle.host), request.handle.adapter, request.unit), []).append(request)
@@ -161,10 +165,10 @@ class SampleQueue:
                           else None for s in seqs] for r, seqs in zip(requests, sequences, strict=True)]
         except BaseException as exc:
             for request in requests:
-                request.future.set_exception(exc)
+                _settle(request.future, request.future.set_exception, exc)
             return
         for request, seqs, lps, extra, topk in zip(requests, sequences, prompt_lps, extras, topks, strict=True):
-            request.future.set_result(types.SampleResponse(
+            _settle(request.future, request.future.set_result, types.SampleResponse(
                 sequences=[
                     types.SampledSequence(
                         stop_reason=s.stop_reason,  # type: ignore[arg-type]
@@ -178,3 +182,11 @@ class SampleQueue:
                 prompt_logprobs_np=lps,
                 **extra,
             ))
+
+
+def _settle(future: Future, settle: Callable, value: object) -> None:
+    """``settle(value)`` unless ``future`` was cancelled meanwhile (its caller stopped waiting: nothing to tell)."""
+    try:
+        settle(value)
+    except InvalidStateError:
+        assert future.cancelled(), "a sampling request's future was settled twice"

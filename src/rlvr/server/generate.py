@@ -134,7 +134,8 @@ async def generate(req: Annotated[GenerateRequest, Depends(_parsed_request)], mo
         raise OpenAIError(400, f"sampling_params: {exc}", f"sampling_params.{field}") from exc
     show = TokenStrings(None, as_ids=True)
     choices = [{"index": i, "token_ids": seq.tokens, "finish_reason": seq.stop_reason,
-                "logprobs": show.chat(seq) if sampling.logprobs is not None else None}
+                "logprobs": show.chat(seq.tokens, seq.logprobs or [], seq.topk_logprobs)
+                if sampling.logprobs is not None else None}
                for i, seq in enumerate(response.sequences)]
     completion = sum(len(seq.tokens) for seq in response.sequences)
     return JSONResponse({"request_id": req.request_id or f"gen-{uuid.uuid4().hex}", "choices": choices,

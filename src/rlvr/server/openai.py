@@ -12,7 +12,8 @@ has it), or, in process, a sampling client handed to ``openai_client``; ``/v1/mo
 What is covered: the chat template of the model's tokenizer (chat), ``n``, ``temperature``, ``top_p``, ``top_k``
 (vLLM's extra), ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``, ``logprobs`` /
 ``top_logprobs`` (at most 20), ``stream`` over server-sent events ending in ``data: [DONE]`` (with
-``stream_options.include_usage``), prompts as text or token ids, several prompts in one completion request. For a
+``stream_options.include_usage``: a last chunk with the usage), prompts as text or token ids, several prompts in one
+completion request. For a
 trainer, each choice carries ``token_ids`` (every sampled token, the stop string's and EOS included, which the text
 leaves out) and the response ``prompt_token_ids`` (per choice in completions), as vLLM's ``return_token_ids`` does;
 ``return_tokens_as_token_ids: true`` (vLLM's extra) renders logprob tokens as ``token_id:<id>``. Logprobs are under
@@ -26,13 +27,22 @@ it cannot; a reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 
 What is not: ``tool_choice`` ``"required"`` or a named function, ``parallel_tool_calls: false``, the legacy
 ``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``, ``echo``,
-``suffix``, images and audio (each is a 400 naming the field); token-by-token streaming (the engine returns a sample
-whole, so a stream carries each choice in one chunk once it is done, its tool calls whole); the embeddings, responses
-and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
-400 for a malformed request (naming the field and the fix), 401 for a bad key (``auth.py``), 404 for an unknown model.
+``suffix``, images and audio (each is a 400 naming the field); the embeddings, responses and other endpoints (404).
+
+Streams stream: a chunk per choice per decode step, sent while the engine goes on sampling (``openai_stream.py``),
+carrying that step's ``token_ids``, their logprobs when asked, and the text that became certain (a character split
+across tokens and a possible stop string wait); a choice's last chunk has its ``finish_reason`` and the rest of its
+text, so its chunks concatenate to the non-streamed choice of the same seed. Tool calls (parsed out of the whole
+reply) and ``top_logprobs`` alternatives (computed over the finished sample) come whole in each choice's one chunk
+at its end, as does the text of a tokenizer that cleans up spaces. A client that disconnects cancels its request:
+its rows leave the engine's batch at the next step.
+
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed request (naming
+the field and the fix), 401 for a bad key (``auth.py``), 404 for an unknown model; one that fails after its stream
+began is the stream's last event before ``[DONE]``.
 
 Not here: request bodies, prompts and the error shape (``openai_wire.py``), rendering tools and parsing tool calls
-(``openai_tools.py``), the sampling itself
+(``openai_tools.py``), the text of a stream and its calls' events (``openai_stream.py``), the sampling itself
 (``rlvr.SamplingClient.sample``), which checkpoints exist and whose they are (``catalog.py``), the Tinker protocol
 (``routes/``), vLLM's token-in/token-out route (``generate.py``, over the same ``Models``).
 """
@@ -46,20 +56,22 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from tinker import types
 
 from rlvr.client import SamplingClient
+from rlvr.engine.sample.watch import Watch
 from rlvr.errors import ContextFullError, InvalidDatumError, RlvrError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.auth import BodyTooLarge
 from rlvr.server.catalog import Catalog
+from rlvr.server.openai_stream import Calls, ChoiceText, choice_text, event_stream, pieces
 from rlvr.server.openai_tools import parse_tool_calls
 from rlvr.server.openai_wire import ChatRequest, CompletionRequest, OpenAIError, SamplingRequest
 from rlvr.server.state import ServerState, UnknownId
@@ -166,25 +178,22 @@ def _params(req: SamplingRequest, max_tokens: int | None) -> types.SamplingParam
 
 
 async def _sample(client: SamplingClient, prompt: list[int], req: SamplingRequest, max_tokens: int | None,
-                  top: int, field: str) -> types.SampleResponse:
-    """Sample ``prompt``, the request's ``field`` (``prompt`` or ``messages``) as tokens; the engine's refusals of
-    the prompt (a token outside the vocabulary, a prompt that fills the context) name that field."""
+                  top: int, field: str, watch: Watch | None = None) -> types.SampleResponse:
+    """Sample ``prompt``, the request's ``field`` (``prompt`` or ``messages``) as tokens, handing ``watch`` the tokens
+    as they are drawn (a client without ``sample_watched``, such as the distributed ones, hands it none); the
+    engine's refusals of the prompt (a token outside the vocabulary, a prompt that fills the context) name that
+    field."""
+    model_input, params = types.ModelInput.from_ints(prompt), _params(req, max_tokens)
     try:
-        return await client.sample(types.ModelInput.from_ints(prompt), req.n, _params(req, max_tokens),
-                                   topk_sample_logprobs=top)
+        if watch is not None and hasattr(client, "sample_watched"):
+            return await client.sample_watched(watch, model_input, req.n, params, topk_sample_logprobs=top)
+        return await client.sample(model_input, req.n, params, topk_sample_logprobs=top)
     except ContextFullError as exc:
         raise OpenAIError(400, f"{field}: {exc}", field, "context_length_exceeded") from exc
     except InvalidDatumError as exc:
         raise OpenAIError(400, f"{field}: {exc}", field) from exc
     except RlvrError as exc:
         raise OpenAIError(400, str(exc)) from exc
-
-
-def _choice_text(tokenizer: Any, tokens: list[int], stops: Iterable[str]) -> str:
-    """The text of ``tokens`` without special tokens, cut before the first stop string (OpenAI leaves it out)."""
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
-    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[:min(cuts)] if cuts else text
 
 
 class TokenStrings:
@@ -196,21 +205,25 @@ class TokenStrings:
     def __call__(self, token: int) -> str:
         return f"token_id:{token}" if self.as_ids else self.tokenizer.decode([token])
 
-    def chat(self, seq: types.SampledSequence) -> dict[str, Any]:
+    def chat(self, tokens: list[int], logprobs: list[float], top: list | None = None) -> dict[str, Any]:
+        """Chat's ``logprobs`` of ``tokens``; ``top``: their top-k rows (None: no alternatives)."""
         def entry(token: int, logprob: float) -> dict[str, Any]:
             text = self(token)
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
 
-        rows = seq.topk_logprobs or [None] * len(seq.tokens)
+        rows = top or [None] * len(tokens)
         return {"content": [{**entry(t, lp), "top_logprobs": [entry(*alt) for alt in row or []]}
-                            for t, lp, row in zip(seq.tokens, seq.logprobs or [], rows, strict=True)],
+                            for t, lp, row in zip(tokens, logprobs, rows, strict=True)],
                 "refusal": None}
 
-    def completion(self, seq: types.SampledSequence, top: int) -> dict[str, Any]:
-        texts = [self(t) for t in seq.tokens]
-        offsets = [0, *itertools.accumulate(len(t) for t in texts)][:len(texts)]
-        tops = [{self(t): lp for t, lp in row or []} for row in seq.topk_logprobs] if top else None
-        return {"tokens": texts, "token_logprobs": seq.logprobs, "top_logprobs": tops, "text_offset": offsets}
+    def completion(self, tokens: list[int], logprobs: list[float], top: list | None, offset: int = 0
+                   ) -> dict[str, Any]:
+        """Completions' ``logprobs`` of ``tokens``, their ``text_offset`` counted from ``offset``; ``top``: their
+        top-k rows (None: ``top_logprobs`` is null)."""
+        texts = [self(t) for t in tokens]
+        offsets = [offset + o for o in [0, *itertools.accumulate(len(t) for t in texts)][:len(texts)]]
+        tops = [{self(t): lp for t, lp in row or []} for row in top] if top is not None else None
+        return {"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _delta(message: dict[str, Any]) -> dict[str, Any]:
@@ -220,19 +233,36 @@ def _delta(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]}
 
 
-def _usage(prompts: list[list[int]], responses: list[types.SampleResponse]) -> dict[str, int]:
-    completion = sum(len(s.tokens) for r in responses for s in r.sequences)
+def _usage(prompts: list[list[int]], sequences: Iterable[types.SampledSequence]) -> dict[str, int]:
+    completion = sum(len(s.tokens) for s in sequences)
     prompt = sum(len(p) for p in prompts)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _stream(chunks: list[dict[str, Any]]) -> StreamingResponse:
-    async def events() -> Any:
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n"
-        yield "data: [DONE]\n\n"
+def _stream_error(exc: Exception) -> dict[str, Any]:
+    """An error raised after a stream began, as OpenAI's error event."""
+    if isinstance(exc, OpenAIError):
+        return bodies.error_body(str(exc), exc.param, exc.code)
+    if isinstance(exc, RlvrError):
+        return bodies.error_body(str(exc))
+    log.error("a streamed sampling request failed", exc_info=exc)
+    return bodies.error_body(str(exc) or type(exc).__name__, kind="server_error")
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+async def _start(client: SamplingClient, prompts: list[list[int]], req: SamplingRequest, max_tokens: int | None,
+                 top: int, field: str, watched: bool) -> Calls:
+    """The streamed request's sampling calls, one per prompt, started (``watched``: handing out their tokens as they
+    are drawn); returns once each has drawn or finished, so a refused request is a plain 400."""
+    calls = Calls()
+    for prompt in prompts:
+        calls.start(_sample(client, prompt, req, max_tokens, top, field, calls.watch() if watched else None))
+    await calls.started()
+    return calls
+
+
+def _incremental(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s text can stream token by token (``openai_stream.py``)."""
+    return not getattr(tokenizer, "clean_up_tokenization_spaces", False)
 
 
 # -- routes -----------------------------------------------------------------------------------------------------------
@@ -310,22 +340,52 @@ async def completions(req: Annotated[CompletionRequest, _parsed(CompletionReques
     tokenizer = client.get_tokenizer()
     prompts = bodies.prompts(req.prompt, tokenizer)
     top = req.logprobs or 0
-    responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top, "prompt") for p in prompts))
     show = TokenStrings(tokenizer, req.return_tokens_as_token_ids)
-    choices = [{"index": i * req.n + j, "text": _choice_text(tokenizer, seq.tokens, req.stop),
-                "finish_reason": seq.stop_reason,
-                "logprobs": show.completion(seq, top) if req.logprobs is not None else None,
-                "token_ids": seq.tokens, "prompt_token_ids": prompts[i]}
-               for i, response in enumerate(responses) for j, seq in enumerate(response.sequences)]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": req.model}
-    usage = _usage(prompts, responses)
-    if not req.stream:
-        return JSONResponse({**head, "choices": choices, "usage": usage})
-    chunks = [{**head, "choices": [choice]} for choice in choices]
-    if req.stream_options.get("include_usage"):
-        chunks.append({**head, "choices": [], "usage": usage})
-    return _stream(chunks)
+    if req.stream:
+        return await _stream_completions(client, prompts, req, top, show, head)
+    responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top, "prompt") for p in prompts))
+    choices = [{"index": i * req.n + j, "text": choice_text(tokenizer, seq.tokens, req.stop),
+                "finish_reason": seq.stop_reason,
+                "logprobs": show.completion(seq.tokens, seq.logprobs or [], seq.topk_logprobs if top else None)
+                if req.logprobs is not None else None,
+                "token_ids": seq.tokens, "prompt_token_ids": prompts[i]}
+               for i, response in enumerate(responses) for j, seq in enumerate(response.sequences)]
+    usage = _usage(prompts, (seq for response in responses for seq in response.sequences))
+    return JSONResponse({**head, "choices": choices, "usage": usage})
+
+
+async def _stream_completions(client: SamplingClient, prompts: list[list[int]], req: CompletionRequest, top: int,
+                              show: TokenStrings, head: dict[str, Any]) -> Response:
+    """Completions streamed as they are sampled: a chunk per choice per decode step (``openai_stream.py``); top
+    logprobs, computed over the finished sample, make each choice one chunk at its end."""
+    tokenizer = client.get_tokenizer()
+    incremental = _incremental(tokenizer) and not top
+    calls = await _start(client, prompts, req, req.max_tokens, top, "prompt", incremental)
+    texts = [[ChoiceText(tokenizer, req.stop, incremental) for _ in range(req.n)] for _ in prompts]
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        offsets: dict[tuple[int, int], int] = {}  # each choice's text_offset so far
+        finished: list[types.SampledSequence] = []
+        async for piece in pieces(calls, texts):
+            key = (piece.call, piece.sample)
+            choice: dict[str, Any] = {
+                "index": piece.call * req.n + piece.sample, "text": piece.text,
+                "finish_reason": piece.done.stop_reason if piece.done else None,
+                "logprobs": show.completion(piece.tokens, piece.logprobs, piece.top if top else None,
+                                            offsets.get(key, 0)) if req.logprobs is not None else None,
+                "token_ids": piece.tokens}
+            offsets[key] = offsets.get(key, 0) + sum(len(show(t)) for t in piece.tokens)
+            if piece.first:
+                choice["prompt_token_ids"] = prompts[piece.call]
+            if piece.done:
+                finished.append(piece.done)
+            yield {**head, "choices": [choice]}
+        if req.stream_options.get("include_usage"):
+            yield {**head, "choices": [], "usage": _usage(prompts, finished)}
+
+    return event_stream(chunks(), _stream_error)
 
 
 @router.post("/chat/completions")
@@ -337,26 +397,62 @@ async def chat_completions(req: Annotated[ChatRequest, _parsed(ChatRequest)], mo
     tokenizer = client.get_tokenizer()
     prompt = bodies.chat_prompt(req.messages, tokenizer, req.model, req.tools)
     top = req.top_logprobs if req.logprobs else 0
-    response = await _sample(client, prompt, req, req.max_completion_tokens or req.max_tokens, top, "messages")
+    max_tokens = req.max_completion_tokens or req.max_tokens
     show = TokenStrings(tokenizer, req.return_tokens_as_token_ids)
-    names = req.tool_names()
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model}
+    if req.stream:
+        return await _stream_chat(client, prompt, req, max_tokens, top, show, head)
+    response = await _sample(client, prompt, req, max_tokens, top, "messages")
     choices = []
     for i, seq in enumerate(response.sequences):
-        text = _choice_text(tokenizer, seq.tokens, req.stop)
-        content, calls = parse_tool_calls(text, names, [prompt, seq.tokens, i]) if names else (text, [])
-        message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        choices.append({"index": i, "message": message, "finish_reason": "tool_calls" if calls
-                        else seq.stop_reason, "logprobs": show.chat(seq) if req.logprobs else None,
-                        "token_ids": seq.tokens})
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model}
-    usage = _usage([prompt], [response])
-    if not req.stream:
-        return JSONResponse({**head, "object": "chat.completion", "choices": choices, "usage": usage,
-                             "prompt_token_ids": prompt})
-    chunks = [{**head, "object": "chat.completion.chunk",
-               "choices": [{**{k: v for k, v in c.items() if k != "message"}, "delta": _delta(c["message"])}]}
-              for c in choices]
-    chunks[0]["prompt_token_ids"] = prompt
-    if req.stream_options.get("include_usage"):
-        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
-    return _stream(chunks)
+        message, finish = _message(req, prompt, i, seq, choice_text(tokenizer, seq.tokens, req.stop))
+        choices.append({"index": i, "message": message, "finish_reason": finish,
+                        "logprobs": show.chat(seq.tokens, seq.logprobs or [], seq.topk_logprobs)
+                        if req.logprobs else None, "token_ids": seq.tokens})
+    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                         "usage": _usage([prompt], response.sequences), "prompt_token_ids": prompt})
+
+
+def _message(req: ChatRequest, prompt: list[int], index: int, seq: types.SampledSequence, text: str
+             ) -> tuple[dict[str, Any], str]:
+    """Choice ``index``'s assistant message of ``text`` (its tool calls parsed out when the request has tools) and
+    its finish reason."""
+    names = req.tool_names()
+    content, calls = parse_tool_calls(text, names, [prompt, seq.tokens, index]) if names else (text, [])
+    message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+    return message, "tool_calls" if calls else seq.stop_reason
+
+
+async def _stream_chat(client: SamplingClient, prompt: list[int], req: ChatRequest, max_tokens: int | None,
+                       top: int, show: TokenStrings, head: dict[str, Any]) -> Response:
+    """Chat streamed as it is sampled: a chunk per choice per decode step (``openai_stream.py``); tools (parsed out
+    of the whole reply) and top logprobs (computed over the finished sample) make each choice one chunk at its
+    end."""
+    tokenizer = client.get_tokenizer()
+    incremental = _incremental(tokenizer) and not top and not req.tool_names()
+    calls = await _start(client, [prompt], req, max_tokens, top, "messages", incremental)
+    texts = [[ChoiceText(tokenizer, req.stop, incremental) for _ in range(req.n)]]
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        head_chunk = {**head, "object": "chat.completion.chunk", "prompt_token_ids": prompt}
+        finished: list[types.SampledSequence] = []
+        async for piece in pieces(calls, texts):
+            delta: dict[str, Any] = {"role": "assistant"} if piece.first else {}
+            finish = None
+            if piece.done is not None and not incremental:  # the whole message, its tool calls parsed out
+                message, finish = _message(req, prompt, piece.sample, piece.done, piece.text)
+                delta = _delta(message)
+            else:
+                delta["content"] = piece.text
+                finish = piece.done.stop_reason if piece.done is not None else None
+            if piece.done is not None:
+                finished.append(piece.done)
+            yield {**head_chunk, "choices": [{
+                "index": piece.sample, "delta": delta, "finish_reason": finish,
+                "logprobs": show.chat(piece.tokens, piece.logprobs, piece.top) if req.logprobs else None,
+                "token_ids": piece.tokens}]}
+            head_chunk.pop("prompt_token_ids", None)
+        if req.stream_options.get("include_usage"):
+            yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage([prompt], finished)}
+
+    return event_stream(chunks(), _stream_error)

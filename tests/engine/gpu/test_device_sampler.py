@@ -221,3 +221,25 @@ def test_fixed_steps_decode_as_the_eager_forward_does_through_padding_interleavi
             assert a.tokens == b.tokens and len(a.tokens) == n
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
             assert (_trainer_logprobs(clients[0], prompt, a) - torch.tensor(a.logprobs)).abs().max() < 1e-4
+
+
+def test_a_watched_request_gets_its_tokens_at_each_look_and_a_cancel_ends_its_rows(gpu_paths_client):
+    from rlvr.engine.sample.watch import Watch
+
+    sampler = rlvr.ServiceClient(gpu_paths_client.engine).create_sampling_client(base_model="tiny")
+    prompt, params = types.ModelInput.from_ints([5, 6, 7]), types.SamplingParams(max_tokens=10, stop=[], seed=4)
+    looks: list = []
+    response = sampler.sample_watched(Watch(looks.append), prompt, 2, params).result()
+    assert [s.tokens for s in response.sequences] == [s.tokens for s in sampler.sample(prompt, 2, params).result(
+        ).sequences]
+    assert [len(look) for look in looks] == [6, 6, 6, 2]  # 2 rows x 3 steps per look (sync_every=3), then the last
+    for j, seq in enumerate(response.sequences):
+        assert [(t, lp) for look in looks for k, t, lp in look if k == j] == list(zip(seq.tokens, seq.logprobs,
+                                                                                        strict=True))
+
+    def cancel_at_first_look(drawn):
+        watch.cancel()
+
+    watch = Watch(cancel_at_first_look)
+    cut = sampler.sample_watched(watch, prompt, 2, params).result()
+    assert [len(s.tokens) for s in cut.sequences] == [3, 3] and {s.stop_reason for s in cut.sequences} == {"length"}

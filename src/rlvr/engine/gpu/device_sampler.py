@@ -11,7 +11,8 @@ columns up front (never reallocated). What differs:
   and checks stop token ids and ``max_tokens`` on the device. Every ``GpuPaths.sync_every`` steps the host looks:
   stop strings are matched on the text so far (a row ends at the first token whose text contains one, as on the
   CPU), the batch ends when every row has, and once a quarter of the rows have finished they leave the batch (their
-  cache rows are dropped). Between looks a finished row costs its share of a step.
+  cache rows are dropped). Between looks a finished row costs its share of a step. A watched request's tokens are
+  handed out at each look (``sample/watch.py``), and a cancelled one's rows end there.
 - **Random numbers from a counter.** Row r's uniform at step t is a hash of (its request's seed, r's sample index,
   t), for all rows in one op: a seeded request draws the same numbers whatever is batched with it, with no
   generator per request to step (a seed gives other tokens here than on the CPU sampler, whose draws come from
@@ -161,6 +162,8 @@ def sample_batch(
     top_k_max = max((s.top_k for s in (job.settings for job in jobs) if 0 < s.top_k < vocab), default=0)
     top_p_any = any(job.settings.top_p < 1 for job in jobs)
     strings = [bool(jobs[j].settings.stop_strings) for j in row_job]
+    watched = any(job.watch is not None for job in jobs)
+    handed = [0] * len(row_job)  # by result row: tokens handed to its request's watch so far
 
     fixed = _FixedStep(model, cache, mask.bool(), capture=device.type == "cuda") if paths.graphs else None
     tokens = torch.zeros((len(row_job), longest), dtype=torch.long, device=device)  # (R, T): by result row
@@ -180,6 +183,8 @@ def sample_batch(
         if (step + 1) % paths.sync_every == 0 or step + 1 == longest:  # the host looks
             if any(strings):
                 _match_stop_strings(rows, tokens, lengths, stopped, strings, decode, looked, step + 1, jobs, row_job)
+            if watched:
+                _hand_out(rows, tokens, logprobs, lengths, handed, step + 1, jobs, row_job, row_sample)
             looked = step + 1
             done = rows.done.cpu()
             if bool(done.all()):
@@ -282,6 +287,26 @@ def fix_columns(cache: GrowingCache, column: torch.Tensor, columns: int) -> None
     ``column`` (a (1,) tensor) and hand attention all ``columns`` of its buffers, the unwritten ones masked out."""
     for layer in cache.layers:
         layer.fix(column, columns)
+
+
+def _hand_out(rows: _Rows, tokens: torch.Tensor, logprobs: torch.Tensor, lengths: torch.Tensor, handed: list[int],
+              steps: int, jobs: list[SampleJob], row_job: list[int], row_sample: list[int]) -> None:
+    """At a look: hand each watched request the tokens its live rows drew since the last look (up to where a row
+    ended), then end the rows of cancelled requests where they are."""
+    index, done, ended_at = rows.index.tolist(), rows.done.tolist(), lengths[rows.index].tolist()
+    ends = {r: ended_at[i] if done[i] else steps for i, r in enumerate(index) if jobs[row_job[r]].watch is not None}
+    drawn: dict[int, list[tuple[int, int, float]]] = {}
+    for r, end in ends.items():
+        if end > handed[r]:
+            row_tokens, row_logprobs = tokens[r, handed[r]:end].tolist(), logprobs[r, handed[r]:end].tolist()
+            drawn.setdefault(row_job[r], []).extend((row_sample[r], t, lp)
+                                                   for t, lp in zip(row_tokens, row_logprobs, strict=True))
+            handed[r] = end
+    for j, items in drawn.items():
+        jobs[j].watch.step(items)  # type: ignore[union-attr]
+    for i, r in enumerate(index):
+        if not done[i] and jobs[row_job[r]].cancelled:
+            lengths[r], rows.done[i] = steps, True
 
 
 def _match_stop_strings(rows: _Rows, tokens: torch.Tensor, lengths: torch.Tensor, stopped: torch.Tensor,

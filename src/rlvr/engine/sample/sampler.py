@@ -3,7 +3,8 @@
 Requests that arrive together are decoded together. Each distinct prompt is prefilled once and its KV cache
 repeated for its ``num_samples`` rows (a group shares its prefix); then all live rows of all requests decode
 together, one token per step. Rows that finish (a stop token, a stop string, ``max_tokens``) leave the batch, so no
-compute is spent on them.
+compute is spent on them. A request's ``watch`` (``watch.py``) is handed each step's tokens as they are drawn, and a
+cancelled request's rows leave the batch at the next step.
 
 A seeded request gets the same tokens and logprobs, bit for bit, whatever else is batched with it and wherever it sits
 in the batch: each request draws from its own generator, and on the CPU path every number of a row is computed from that
@@ -43,6 +44,7 @@ from tinker import types
 from rlvr.engine import cores
 from rlvr.engine.device import model_device
 from rlvr.engine.sample.kv_cache import GrowingCache, cache_kwargs, returned_cache
+from rlvr.engine.sample.watch import Watch
 from rlvr.errors import ConfigurationError, ContextFullError
 
 
@@ -177,6 +179,12 @@ class SampleJob:
     """Resolved sampling parameters."""
     generator: torch.Generator
     """This request's random stream, so its draws do not depend on what else is in the batch."""
+    watch: Watch | None = None
+    """Who is handed its tokens as they are drawn, and may cancel it (``watch.py``); None: nobody."""
+
+    @property
+    def cancelled(self) -> bool:
+        return self.watch is not None and self.watch.cancelled
 
 
 @torch.inference_mode()
@@ -263,15 +271,21 @@ def sample_batch(
         cores.tick()  # a long decode gives up threads to another rlvr process that starts computing
         chosen, chosen_logprobs = _choose(logits, row_job, jobs)
         keep = []
+        watched: dict[int, list[tuple[int, int, float]]] = {}  # job -> what its rows drew in this step
         for row, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
             job = jobs[row_job[row]]
             seq = results[row_job[row]][row_sample[row]]
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
+            if job.watch is not None:
+                watched.setdefault(row_job[row], []).append((row_sample[row], token, logprob))
             if token in job.settings.stop_token_ids or _ends_with_stop(decode, seq.tokens, job.settings.stop_strings):
                 seq.stop_reason = "stop"
             elif len(seq.tokens) < job.settings.max_tokens:
                 keep.append(row)
+        for j, drawn in watched.items():
+            jobs[j].watch.step(drawn)  # type: ignore[union-attr]
+        keep = [row for row in keep if not jobs[row_job[row]].cancelled]  # a cancelled request's rows leave now
         if not keep:
             break
         if len(keep) < len(row_job):
