@@ -56,6 +56,7 @@ from starlette.exceptions import HTTPException
 from tinker import types
 
 from rlvr.client import SamplingClient
+from rlvr.engine.sample.scores import PromptTopk
 from rlvr.errors import ContextFullError, InvalidDatumError, RlvrError
 from rlvr.server import openai_wire as bodies
 from rlvr.server.auth import BodyTooLarge
@@ -168,16 +169,49 @@ def _params(req: SamplingRequest, max_tokens: int | None) -> types.SamplingParam
 async def _sample(client: SamplingClient, prompt: list[int], req: SamplingRequest, max_tokens: int | None,
                   top: int, field: str) -> types.SampleResponse:
     """Sample ``prompt``, the request's ``field`` (``prompt`` or ``messages``) as tokens; the engine's refusals of
-    the prompt (a token outside the vocabulary, a prompt that fills the context) name that field."""
+    the prompt (a token outside the vocabulary, a prompt that fills the context) name that field. ``max_tokens=0``
+    (an echo that only scores its prompt) gives ``req.n`` empty sequences."""
+    if max_tokens == 0:
+        empty = types.SampledSequence(stop_reason="length", sequence_id=uuid.uuid4().hex, _tokens_list=[],
+                                      _logprobs_list=[])
+        return types.SampleResponse(sequences=[empty] * req.n)
     try:
         return await client.sample(types.ModelInput.from_ints(prompt), req.n, _params(req, max_tokens),
                                    topk_sample_logprobs=top)
-    except ContextFullError as exc:
-        raise OpenAIError(400, f"{field}: {exc}", field, "context_length_exceeded") from exc
-    except InvalidDatumError as exc:
-        raise OpenAIError(400, f"{field}: {exc}", field) from exc
     except RlvrError as exc:
-        raise OpenAIError(400, str(exc)) from exc
+        raise _refusal(exc, field) from exc
+
+
+async def _score_prompt(client: SamplingClient, prompt: list[int], top: int) -> PromptTopk:
+    """The logprobs of ``prompt``'s tokens and its ``top`` alternatives at each position, for an echo."""
+    if not hasattr(client, "compute_topk_logprobs_async"):
+        raise OpenAIError(400, f"echo with logprobs needs a sampler that scores prompts, which "
+                               f"{type(client).__name__} does not; leave logprobs unset or serve the model from "
+                               "rlvr's engine", "echo")
+    try:
+        return await client.compute_topk_logprobs_async(types.ModelInput.from_ints(prompt), top)
+    except RlvrError as exc:
+        raise _refusal(exc, "prompt") from exc
+
+
+def _refusal(exc: RlvrError, field: str) -> OpenAIError:
+    """The engine's refusal of a request's ``field`` (a token outside the vocabulary, a prompt that fills the
+    context) as a 400 naming it."""
+    if isinstance(exc, ContextFullError):
+        return OpenAIError(400, f"{field}: {exc}", field, "context_length_exceeded")
+    if isinstance(exc, InvalidDatumError):
+        return OpenAIError(400, f"{field}: {exc}", field)
+    return OpenAIError(400, str(exc))
+
+
+def _prompt_texts(prompt: str | list[str] | list[int] | list[list[int]], prompts: list[list[int]],
+                  tokenizer: Any) -> list[str]:
+    """Each prompt's text as an echo begins with it: as sent, or its token ids decoded (special tokens kept)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], str):
+        return list(prompt)  # type: ignore[arg-type]
+    return [tokenizer.decode(p) for p in prompts]
 
 
 def _choice_text(tokenizer: Any, tokens: list[int], stops: Iterable[str]) -> str:
@@ -206,11 +240,26 @@ class TokenStrings:
                             for t, lp, row in zip(seq.tokens, seq.logprobs or [], rows, strict=True)],
                 "refusal": None}
 
-    def completion(self, seq: types.SampledSequence, top: int) -> dict[str, Any]:
-        texts = [self(t) for t in seq.tokens]
+    def completion(self, seq: types.SampledSequence, top: int, echo: tuple[list[int], PromptTopk] | None = None
+                   ) -> dict[str, Any]:
+        """A completion choice's ``logprobs``; with ``echo`` (the prompt and its scores) the prompt's tokens come
+        first, the first with no logprob and no alternatives, as OpenAI's and vLLM's echo."""
+        prompt, scores = echo if echo else ([], PromptTopk([], []))
+        tokens = [*prompt, *seq.tokens]
+        texts = [self(t) for t in tokens]
         offsets = [0, *itertools.accumulate(len(t) for t in texts)][:len(texts)]
-        tops = [{self(t): lp for t, lp in row or []} for row in seq.topk_logprobs] if top else None
-        return {"tokens": texts, "token_logprobs": seq.logprobs, "top_logprobs": tops, "text_offset": offsets}
+        rows = [*scores.topk, *(seq.topk_logprobs or [[]] * len(seq.tokens))]
+        tops = [None if row is None else self.alternatives(row) for row in rows] if top else None
+        return {"tokens": texts, "token_logprobs": [*scores.logprobs, *(seq.logprobs or [])], "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def alternatives(self, row: Iterable[tuple[int, float]]) -> dict[str, float]:
+        """``row``'s (token, logprob) pairs, most likely first, by token string: of tokens that show as the same
+        string (bytes of a broken character: ``\ufffd``), the most likely one's logprob."""
+        shown: dict[str, float] = {}
+        for token, logprob in row:
+            shown.setdefault(self(token), logprob)
+        return shown
 
 
 def _delta(message: dict[str, Any]) -> dict[str, Any]:
@@ -306,15 +355,21 @@ async def list_models(models: ModelsOf, owner: Caller) -> dict:
 @router.post("/completions")
 async def completions(req: Annotated[CompletionRequest, _parsed(CompletionRequest)], models: ModelsOf,
                       owner: Caller) -> Response:
+    req.check()
     client = await models.client(req.model, owner)
     tokenizer = client.get_tokenizer()
     prompts = bodies.prompts(req.prompt, tokenizer)
     top = req.logprobs or 0
     responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top, "prompt") for p in prompts))
+    echoes: list[tuple[list[int], PromptTopk] | None] = [None] * len(prompts)
+    if req.echo and req.logprobs is not None:
+        scores = await asyncio.gather(*(_score_prompt(client, p, top) for p in prompts))
+        echoes = list(zip(prompts, scores, strict=True))
+    heads = _prompt_texts(req.prompt, prompts, tokenizer) if req.echo else [""] * len(prompts)
     show = TokenStrings(tokenizer, req.return_tokens_as_token_ids)
-    choices = [{"index": i * req.n + j, "text": _choice_text(tokenizer, seq.tokens, req.stop),
+    choices = [{"index": i * req.n + j, "text": heads[i] + _choice_text(tokenizer, seq.tokens, req.stop),
                 "finish_reason": seq.stop_reason,
-                "logprobs": show.completion(seq, top) if req.logprobs is not None else None,
+                "logprobs": show.completion(seq, top, echoes[i]) if req.logprobs is not None else None,
                 "token_ids": seq.tokens, "prompt_token_ids": prompts[i]}
                for i, response in enumerate(responses) for j, seq in enumerate(response.sequences)]
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
