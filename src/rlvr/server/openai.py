@@ -12,7 +12,10 @@ has it), or, in process, a sampling client handed to ``openai_client``; ``/v1/mo
 What is covered: the chat template of the model's tokenizer (chat), ``n``, ``temperature``, ``top_p``, ``top_k``
 (vLLM's extra), ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``, ``logprobs`` /
 ``top_logprobs`` (at most 20), ``stream`` over server-sent events ending in ``data: [DONE]`` (with
-``stream_options.include_usage``), prompts as text or token ids, several prompts in one completion request. For a
+``stream_options.include_usage``), prompts as text or token ids, several prompts in one completion request, ``echo``
+(completions: the prompt's text, and with ``logprobs`` its tokens' logprobs, None at the first, and alternatives,
+scored by the training client's forward, ``SamplingClient.compute_topk_logprobs``; ``max_tokens: 0`` scores the
+prompt alone), which lm-evaluation-harness's log-likelihood requests use. For a
 trainer, each choice carries ``token_ids`` (every sampled token, the stop string's and EOS included, which the text
 leaves out) and the response ``prompt_token_ids`` (per choice in completions), as vLLM's ``return_token_ids`` does;
 ``return_tokens_as_token_ids: true`` (vLLM's extra) renders logprob tokens as ``token_id:<id>``. Logprobs are under
@@ -25,7 +28,7 @@ it cannot; a reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 (``openai_tools.py``). ``token_ids`` and logprobs still cover every sampled token, the calls' included.
 
 What is not: ``tool_choice`` ``"required"`` or a named function, ``parallel_tool_calls: false``, the legacy
-``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``, ``echo``,
+``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``,
 ``suffix``, images and audio (each is a 400 naming the field); token-by-token streaming (the engine returns a sample
 whole, so a stream carries each choice in one chunk once it is done, its tool calls whole); the embeddings, responses
 and other endpoints (404). Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``:
