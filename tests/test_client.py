@@ -24,7 +24,8 @@ PAIRS = [(rlvr.ServiceClient, tinker.ServiceClient), (rlvr.TrainingClient, tinke
          (rlvr.SamplingClient, tinker.SamplingClient)]
 # rlvr additions the module documents as such: TrainingClient.parameters ("not part of Tinker's API"), and the
 # result / result_async that let a created client stand in for the future SDK >= 0.38 returns from creation.
-RLVR_ONLY = {"parameters", "result", "result_async", "sample_many", "sample_watched"}
+RLVR_ONLY = {"parameters", "result", "result_async", "sample_many", "sample_watched", "compute_topk_logprobs",
+             "compute_topk_logprobs_async"}
 ADAM = types.AdamParams(learning_rate=5e-2)
 
 

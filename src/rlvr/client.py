@@ -37,7 +37,7 @@ from rlvr.engine.device import resolve_device
 from rlvr.engine.engine import CustomLossFn, Engine, Trainer
 from rlvr.engine.models.load import canonical_name
 from rlvr.engine.models.lora import LORA_ALPHA, LoraSpec
-from rlvr.engine.sample.scores import ScoreRequest
+from rlvr.engine.sample.scores import PromptTopk, ScoreRequest
 from rlvr.engine.sample.watch import Watch
 from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.engine.train.optim import check_params_for, config_of, kind_of, kind_of_config
@@ -350,6 +350,13 @@ class SamplingClient(_SelfFuture):
         return self.engine.submit(self.engine.compute_logprobs, self._handle, prompt)
 
     compute_logprobs_async = _async_of(compute_logprobs, awaited=True)
+
+    def compute_topk_logprobs(self, prompt: types.ModelInput, k: int) -> APIFuture[PromptTopk]:
+        """``compute_logprobs`` and the ``k`` most likely tokens at each prompt position after the first, scored by
+        the same forward (rlvr's own, not Tinker's: what an OpenAI ``echo`` with ``logprobs`` returns)."""
+        return self.engine.submit(self.engine.compute_topk_logprobs, self._handle, prompt, k)
+
+    compute_topk_logprobs_async = _async_of(compute_topk_logprobs, awaited=True)
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         return self._handle.host.base.tokenizer

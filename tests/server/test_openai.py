@@ -107,6 +107,40 @@ def test_completion_logprobs_are_the_engines_for_the_same_tokens(oai, service):
         assert f"token_id:{token}" not in top or top[f"token_id:{token}"] == pytest.approx(logprob, abs=1e-4)
 
 
+def test_echo_scores_the_prompt_as_the_engines_forward_and_ranks_the_alternatives(oai, service, tokenizer):
+    sampler = service.create_sampling_client(base_model="tiny")
+    prompts = [PROMPT, [*PROMPT, *TARGET]]
+    out = oai.completions.create(model="tiny", prompt=prompts, max_tokens=0, echo=True, logprobs=3, n=2,
+                                 extra_body={"return_tokens_as_token_ids": True})
+    assert [c.index for c in out.choices] == [0, 1, 2, 3] and out.usage.completion_tokens == 0
+    for choice, prompt in zip(out.choices, [p for p in prompts for _ in range(2)], strict=True):
+        assert choice.token_ids == [] and choice.prompt_token_ids == prompt and choice.finish_reason == "length"
+        assert choice.text == tokenizer.decode(prompt)
+        engine = sampler.compute_topk_logprobs(types.ModelInput.from_ints(prompt), 3).result()
+        assert choice.logprobs.tokens == [f"token_id:{t}" for t in prompt]
+        assert choice.logprobs.token_logprobs == sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+        assert choice.logprobs.top_logprobs[0] is None
+        assert choice.logprobs.top_logprobs[1:] == [{f"token_id:{t}": lp for t, lp in row} for row in engine.topk[1:]]
+        assert choice.logprobs.text_offset == [sum(len(f"token_id:{t}") for t in prompt[:i])
+                                               for i in range(len(prompt))]
+
+
+def test_echo_then_sample_puts_the_prompt_before_the_completion(oai, service, tokenizer):
+    text = "Q: 2+2? A:"
+    plain = oai.completions.create(model="tiny", prompt=text, max_tokens=5, seed=4, logprobs=2).choices[0]
+    echo = oai.completions.create(model="tiny", prompt=text, max_tokens=5, seed=4, logprobs=2, echo=True).choices[0]
+    prompt = tokenizer.encode(text)
+    assert echo.token_ids == plain.token_ids and echo.text == text + plain.text
+    n = len(prompt)
+    assert echo.logprobs.tokens == [tokenizer.decode([t]) for t in prompt] + plain.logprobs.tokens
+    assert echo.logprobs.token_logprobs[n:] == plain.logprobs.token_logprobs
+    assert echo.logprobs.top_logprobs[n:] == plain.logprobs.top_logprobs
+    assert echo.logprobs.token_logprobs[:n] == _engine_logprobs(service, [], prompt)
+    assert echo.logprobs.text_offset == list(range(len(echo.logprobs.tokens)))  # one byte a token, all printable
+    bare = oai.completions.create(model="tiny", prompt=text, max_tokens=5, seed=4, echo=True).choices[0]
+    assert bare.text == echo.text and bare.logprobs is None
+
+
 def test_chat_renders_the_chat_template_and_returns_the_engines_logprobs(oai, service, tokenizer):
     text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     parts = [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text",
@@ -366,7 +400,10 @@ BAD_REQUESTS = [
     ("/completions", {"prompt": ["x", [1]]}, "prompt", "a list of token ids"),
     ("/completions", {"prompt": []}, "prompt", "none empty"),
     ("/completions", {"prompt": "x", "stop": 5}, "stop", "valid string or Input should be a valid list"),
-    ("/completions", {"prompt": "x", "echo": True}, "echo", "not supported"),
+    ("/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", "only echo=true"),
+    ("/completions", {"prompt": "x", "max_tokens": -1}, "max_tokens", "greater than or equal to 0"),
+    ("/completions", {"prompt": [5] * 9000, "echo": True, "logprobs": 1, "max_tokens": 0}, "prompt",
+     "more than the model's context"),
     ("/completions", {"prompt": "x\ud800"}, "prompt", "surrogate"),
     ("/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]}, "messages", "surrogate"),
     ("/chat/completions", {"messages": []}, "messages", "at least 1 item"),

@@ -50,7 +50,7 @@ from rlvr.engine.models.load import canonical_name, load_base_model, rlvr_home
 from rlvr.engine.models.lora import AdapterHost, LoraSpec
 from rlvr.engine.sample import sampler
 from rlvr.engine.sample.sampler import SampleJob, Sequence_, resolve_params
-from rlvr.engine.sample.scores import ScoreRequest
+from rlvr.engine.sample.scores import PromptTopk, ScoreRequest, topk_candidates
 from rlvr.engine.sample.watch import Watch
 from rlvr.engine.sample_queue import SampleQueue, SamplerHandle
 from rlvr.engine.train import optim
@@ -58,7 +58,7 @@ from rlvr.engine.train.batch import CheckedDatum, check_data, model_input_tokens
 from rlvr.engine.train.losses import resolve_loss
 from rlvr.engine.train.optim import Optimizer, config_of, kind_of, make_optimizer
 from rlvr.engine.train.prefix import Cluster, cluster_logprobs, plan
-from rlvr.errors import CheckpointError, ConfigurationError, InvalidDatumError, SamplingError
+from rlvr.errors import CheckpointError, ConfigurationError, ContextFullError, InvalidDatumError, SamplingError
 from rlvr.home import make_path
 from rlvr.metrics import reduce_metrics
 
@@ -558,18 +558,46 @@ class Engine:
             values = self._prompt_logprobs(model, tokens, handle.host.base.tokenizer.pad_token_id)
         return [None, *values[1:].tolist()]
 
-    @torch.inference_mode()
+    def compute_topk_logprobs(self, handle: SamplerHandle, prompt: types.ModelInput, k: int) -> PromptTopk:
+        """``compute_logprobs`` and the ``k`` most likely tokens at each position after the first. A plain forward
+        picks each position's k candidates (``scores.topk_candidates``); the trainer's forward then scores them and
+        the prompt's own tokens together, so a candidate that is the prompt's token carries exactly its logprob (an
+        OpenAI client's "is the prompt the greedy continuation" check compares the two)."""
+        vocab_size = self._vocab_size(handle.host)
+        tokens = model_input_tokens(prompt, vocab_size, "prompt")
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= vocab_size:
+            raise SamplingError(f"k={k!r} must be an integer in [0, {vocab_size}] (0 = the logprobs alone)")
+        if len(tokens) > (context := _context_len(handle.host.base.model)):
+            raise ContextFullError(f"the prompt has {len(tokens)} tokens, more than the model's context of {context}; "
+                                   "shorten it")
+        if len(tokens) < 2:
+            return PromptTopk([None] * len(tokens), [None] * len(tokens))
+        with handle.host.active(handle.adapter) as model:
+            candidates = topk_candidates(model, tokens, k) if k else torch.empty((len(tokens) - 1, 0), dtype=torch.long)
+            targets = torch.cat([torch.tensor(tokens[1:])[:, None], candidates], dim=1)  # (T - 1, 1 + k)
+            values = self._target_logprobs(model, tokens, targets, handle.host.base.tokenizer.pad_token_id)
+        rows = [sorted(zip(ids.tolist(), lps.tolist(), strict=True), key=lambda pair: -pair[1])
+                for ids, lps in zip(candidates, values[:, 1:], strict=True)]
+        return PromptTopk([None, *values[:, 0].tolist()], [None, *rows])
+
     def _prompt_logprobs(self, model: torch.nn.Module, tokens: list[int], pad_id: int) -> np.ndarray:  # (T,)
         """log p(token_i | tokens_<i) for i >= 1, NaN at position 0. Computed exactly as ``forward`` computes a
         datum of these tokens (same function, same shapes), so the two agree to the bit at equal weights, in either
         precision; the loop's sampler-freshness probe relies on that."""
         if len(tokens) < 2:
             return np.full(len(tokens), np.nan, dtype=np.float32)
-        inputs, targets = [torch.tensor(tokens[:-1])], [torch.tensor(tokens[1:])]
+        values = self._target_logprobs(model, tokens, torch.tensor(tokens[1:]), pad_id)
+        return np.concatenate([[np.nan], values.numpy()]).astype(np.float32)
+
+    @torch.inference_mode()
+    def _target_logprobs(self, model: torch.nn.Module, tokens: list[int], targets: torch.Tensor,
+                         pad_id: int) -> torch.Tensor:  # (T - 1,) or (T - 1, K), float32 on the CPU
+        """log p(targets[i] | tokens_<=i) for a target (T - 1,) or K targets (T - 1, K) a position, by the
+        trainer's forward over ``tokens[:-1]`` as one datum."""
         values: list[torch.Tensor] = []
         for batch in self._plan_tokens([tokens[:-1]]):
-            values += self._batch_logprobs(model, inputs, targets, batch, pad_id).values()
-        return np.concatenate([[np.nan], torch.cat(values).float().cpu().numpy()]).astype(np.float32)
+            values += self._batch_logprobs(model, [torch.tensor(tokens[:-1])], [targets], batch, pad_id).values()
+        return torch.cat(values).float().cpu()
 
     @staticmethod
     def _vocab_size(host: AdapterHost) -> int:

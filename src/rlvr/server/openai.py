@@ -13,7 +13,9 @@ What is covered: the chat template of the model's tokenizer (chat), ``n``, ``tem
 (vLLM's extra), ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``, ``logprobs`` /
 ``top_logprobs`` (at most 20), ``stream`` over server-sent events ending in ``data: [DONE]`` (with
 ``stream_options.include_usage``: a last chunk with the usage), prompts as text or token ids, several prompts in one
-completion request. For a
+completion request, ``echo`` (completions: the prompt's text, and with ``logprobs`` its tokens' logprobs, None at
+the first, and alternatives, scored by the training client's forward, ``SamplingClient.compute_topk_logprobs``;
+``max_tokens: 0`` scores the prompt alone), which lm-evaluation-harness's log-likelihood requests use. For a
 trainer, each choice carries ``token_ids`` (every sampled token, the stop string's and EOS included, which the text
 leaves out) and the response ``prompt_token_ids`` (per choice in completions), as vLLM's ``return_token_ids`` does;
 ``return_tokens_as_token_ids: true`` (vLLM's extra) renders logprob tokens as ``token_id:<id>``. Logprobs are under
@@ -26,8 +28,9 @@ it cannot; a reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 (``openai_tools.py``). ``token_ids`` and logprobs still cover every sampled token, the calls' included.
 
 What is not: ``tool_choice`` ``"required"`` or a named function, ``parallel_tool_calls: false``, the legacy
-``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``, ``echo``,
-``suffix``, images and audio (each is a 400 naming the field); the embeddings, responses and other endpoints (404).
+``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``, ``suffix``,
+``echo`` with ``stream``, images and audio (each is a 400 naming the field); the embeddings, responses and other
+endpoints (404).
 
 Streams stream: a chunk per choice per decode step, sent while the engine goes on sampling (``openai_stream.py``),
 carrying that step's ``token_ids``, their logprobs when asked, and the text that became certain (a character split
@@ -66,6 +69,7 @@ from starlette.exceptions import HTTPException
 from tinker import types
 
 from rlvr.client import SamplingClient
+from rlvr.engine.sample.scores import PromptTopk
 from rlvr.engine.sample.watch import Watch
 from rlvr.errors import ContextFullError, InvalidDatumError, RlvrError
 from rlvr.server import openai_wire as bodies
@@ -182,18 +186,50 @@ async def _sample(client: SamplingClient, prompt: list[int], req: SamplingReques
     """Sample ``prompt``, the request's ``field`` (``prompt`` or ``messages``) as tokens, handing ``watch`` the tokens
     as they are drawn (a client without ``sample_watched``, such as the distributed ones, hands it none); the
     engine's refusals of the prompt (a token outside the vocabulary, a prompt that fills the context) name that
-    field."""
+    field. ``max_tokens=0`` (an echo that only scores its prompt) gives ``req.n`` empty sequences."""
+    if max_tokens == 0:
+        empty = types.SampledSequence(stop_reason="length", sequence_id=uuid.uuid4().hex, _tokens_list=[],
+                                      _logprobs_list=[])
+        return types.SampleResponse(sequences=[empty] * req.n)
     model_input, params = types.ModelInput.from_ints(prompt), _params(req, max_tokens)
     try:
         if watch is not None and hasattr(client, "sample_watched"):
             return await client.sample_watched(watch, model_input, req.n, params, topk_sample_logprobs=top)
         return await client.sample(model_input, req.n, params, topk_sample_logprobs=top)
-    except ContextFullError as exc:
-        raise OpenAIError(400, f"{field}: {exc}", field, "context_length_exceeded") from exc
-    except InvalidDatumError as exc:
-        raise OpenAIError(400, f"{field}: {exc}", field) from exc
     except RlvrError as exc:
-        raise OpenAIError(400, str(exc)) from exc
+        raise _refusal(exc, field) from exc
+
+
+async def _score_prompt(client: SamplingClient, prompt: list[int], top: int) -> PromptTopk:
+    """The logprobs of ``prompt``'s tokens and its ``top`` alternatives at each position, for an echo."""
+    if not hasattr(client, "compute_topk_logprobs_async"):
+        raise OpenAIError(400, f"echo with logprobs needs a sampler that scores prompts, which "
+                               f"{type(client).__name__} does not; leave logprobs unset or serve the model from "
+                               "rlvr's engine", "echo")
+    try:
+        return await client.compute_topk_logprobs_async(types.ModelInput.from_ints(prompt), top)
+    except RlvrError as exc:
+        raise _refusal(exc, "prompt") from exc
+
+
+def _refusal(exc: RlvrError, field: str) -> OpenAIError:
+    """The engine's refusal of a request's ``field`` (a token outside the vocabulary, a prompt that fills the
+    context) as a 400 naming it."""
+    if isinstance(exc, ContextFullError):
+        return OpenAIError(400, f"{field}: {exc}", field, "context_length_exceeded")
+    if isinstance(exc, InvalidDatumError):
+        return OpenAIError(400, f"{field}: {exc}", field)
+    return OpenAIError(400, str(exc))
+
+
+def _prompt_texts(prompt: str | list[str] | list[int] | list[list[int]], prompts: list[list[int]],
+                  tokenizer: Any) -> list[str]:
+    """Each prompt's text as an echo begins with it: as sent, or its token ids decoded (special tokens kept)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], str):
+        return list(prompt)  # type: ignore[arg-type]
+    return [tokenizer.decode(p) for p in prompts]
 
 
 class TokenStrings:
@@ -216,14 +252,22 @@ class TokenStrings:
                             for t, lp, row in zip(tokens, logprobs, rows, strict=True)],
                 "refusal": None}
 
-    def completion(self, tokens: list[int], logprobs: list[float], top: list | None, offset: int = 0
+    def completion(self, tokens: list[int], logprobs: list[float | None], top: list | None, offset: int = 0
                    ) -> dict[str, Any]:
         """Completions' ``logprobs`` of ``tokens``, their ``text_offset`` counted from ``offset``; ``top``: their
-        top-k rows (None: ``top_logprobs`` is null)."""
+        top-k rows (None: ``top_logprobs`` is null; a None row, an echoed prompt's first token, is null)."""
         texts = [self(t) for t in tokens]
         offsets = [offset + o for o in [0, *itertools.accumulate(len(t) for t in texts)][:len(texts)]]
-        tops = [{self(t): lp for t, lp in row or []} for row in top] if top is not None else None
+        tops = [None if row is None else self.alternatives(row) for row in top] if top is not None else None
         return {"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+    def alternatives(self, row: Iterable[tuple[int, float]]) -> dict[str, float]:
+        """``row``'s (token, logprob) pairs, most likely first, by token string: of tokens that show as the same
+        string (bytes of a broken character: ``\ufffd``), the most likely one's logprob."""
+        shown: dict[str, float] = {}
+        for token, logprob in row:
+            shown.setdefault(self(token), logprob)
+        return shown
 
 
 def _delta(message: dict[str, Any]) -> dict[str, Any]:
@@ -336,6 +380,7 @@ async def list_models(models: ModelsOf, owner: Caller) -> dict:
 @router.post("/completions")
 async def completions(req: Annotated[CompletionRequest, _parsed(CompletionRequest)], models: ModelsOf,
                       owner: Caller) -> Response:
+    req.check()
     client = await models.client(req.model, owner)
     tokenizer = client.get_tokenizer()
     prompts = bodies.prompts(req.prompt, tokenizer)
@@ -344,12 +389,24 @@ async def completions(req: Annotated[CompletionRequest, _parsed(CompletionReques
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": req.model}
     if req.stream:
+        if req.echo:
+            raise OpenAIError(400, "echo is not streamed: set stream=false to have the prompt echoed", "echo")
         return await _stream_completions(client, prompts, req, top, show, head)
     responses = await asyncio.gather(*(_sample(client, p, req, req.max_tokens, top, "prompt") for p in prompts))
-    choices = [{"index": i * req.n + j, "text": choice_text(tokenizer, seq.tokens, req.stop),
+    echoes = [([], PromptTopk([], []))] * len(prompts)
+    if req.echo and req.logprobs is not None:
+        echoes = list(zip(prompts, await asyncio.gather(*(_score_prompt(client, p, top) for p in prompts)),
+                          strict=True))
+    heads = _prompt_texts(req.prompt, prompts, tokenizer) if req.echo else [""] * len(prompts)
+
+    def logprobs(i: int, seq: types.SampledSequence) -> dict[str, Any]:
+        prompt, scores = echoes[i]
+        rows = [*scores.topk, *(seq.topk_logprobs or [[]] * len(seq.tokens))] if top else None
+        return show.completion([*prompt, *seq.tokens], [*scores.logprobs, *(seq.logprobs or [])], rows)
+
+    choices = [{"index": i * req.n + j, "text": heads[i] + choice_text(tokenizer, seq.tokens, req.stop),
                 "finish_reason": seq.stop_reason,
-                "logprobs": show.completion(seq.tokens, seq.logprobs or [], seq.topk_logprobs if top else None)
-                if req.logprobs is not None else None,
+                "logprobs": logprobs(i, seq) if req.logprobs is not None else None,
                 "token_ids": seq.tokens, "prompt_token_ids": prompts[i]}
                for i, response in enumerate(responses) for j, seq in enumerate(response.sequences)]
     usage = _usage(prompts, (seq for response in responses for seq in response.sequences))

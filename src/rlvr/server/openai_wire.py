@@ -37,7 +37,6 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "frequency_penalty": ((None, 0), "the sampler has no penalties"),
     "repetition_penalty": ((None, 1), "the sampler has no penalties"),
     "best_of": ((None, 1), "use n and rank the choices yourself"),
-    "echo": ((None, False), "the response's prompt_token_ids hold the prompt"),
     "suffix": ((None, ""), "rlvr does not fill in the middle"),
     "modalities": ((None, ["text"]), "rlvr serves text models"),
     "audio": ((None,), "rlvr serves text models"),
@@ -109,8 +108,17 @@ class SamplingRequest(NullMeansUnset):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = pydantic.Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = pydantic.Field(16, ge=0)  # OpenAI's default for completions; 0 only with echo
     logprobs: int | None = pydantic.Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    """Each choice begins with its prompt: the text, and with ``logprobs`` the prompt tokens' logprobs (None at the
+    first) and top alternatives, before the completion's. ``max_tokens: 0`` then scores the prompt alone."""
+
+    def check(self) -> None:
+        """A 400 naming the field for what the fields allow one by one but not together."""
+        if self.max_tokens == 0 and not self.echo:
+            raise OpenAIError(400, "max_tokens=0 samples nothing, which only echo=true (scoring the prompt) asks "
+                                   "for; set echo=true or ask for at least 1 token", "max_tokens")
 
     @pydantic.field_validator("prompt", mode="before")
     @classmethod

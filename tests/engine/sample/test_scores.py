@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlvr import types
-from rlvr.errors import SamplingError
+from rlvr.errors import ContextFullError, InvalidDatumError, SamplingError
 
 PROMPT = [5, 17, 42, 8, 99, 3]
 PARAMS = types.SamplingParams(max_tokens=4, temperature=1.0, seed=11)
@@ -109,3 +109,43 @@ def test_bad_score_arguments_are_refused_by_name(sampler):
         with pytest.raises(SamplingError, match=message):
             sampler.sample(prompt, 1, PARAMS, **kwargs).result()
     assert math.isfinite(sampler.sample(prompt, 1, PARAMS).result().sequences[0].logprobs[0])
+
+
+def _greedy_run(sampler, start: list[int], n: int) -> list[int]:
+    """``start`` followed by n tokens, each the argmax after what precedes it (by the model's logits)."""
+    tokens = list(start)
+    for _ in range(n):
+        tokens.append(int(_log_softmax(sampler, [*tokens, 0])[-1].argmax()))
+    return tokens
+
+
+def test_compute_topk_logprobs_ranks_the_k_largest_and_scores_them_as_compute_logprobs(sampler):
+    k = 4
+    tokens = [*PROMPT, *_greedy_run(sampler, PROMPT, 3)[len(PROMPT):]]  # the last three are each position's argmax
+    prompt = types.ModelInput.from_ints(tokens)
+    out = sampler.compute_topk_logprobs(prompt, k).result()
+    assert out.logprobs == sampler.compute_logprobs(prompt).result()  # the same forward's numbers, to the bit
+    full = _log_softmax(sampler, tokens)
+    assert len(out.topk) == len(tokens) and out.topk[0] is None
+    for i, row in enumerate(out.topk[1:]):
+        values, ids = full[i].topk(k)
+        assert [t for t, _ in row] == ids.tolist()
+        np.testing.assert_allclose([lp for _, lp in row], values.numpy(), atol=1e-5)
+        assert [lp for _, lp in row] == sorted((lp for _, lp in row), reverse=True)
+        if tokens[i + 1] in dict(row):  # the prompt's token among them carries exactly its logprob
+            assert dict(row)[tokens[i + 1]] == out.logprobs[i + 1]
+    assert all(max(lp for _, lp in out.topk[i]) == out.logprobs[i] for i in range(len(PROMPT), len(tokens)))
+
+
+def test_compute_topk_logprobs_edges_and_refusals(sampler):
+    none = sampler.compute_topk_logprobs(types.ModelInput.from_ints(PROMPT), 0).result()
+    assert none.topk == [None] + [[]] * (len(PROMPT) - 1)
+    assert none.logprobs == sampler.compute_logprobs(types.ModelInput.from_ints(PROMPT)).result()
+    one = sampler.compute_topk_logprobs(types.ModelInput.from_ints([7]), 3).result()
+    assert one.logprobs == [None] and one.topk == [None]
+    with pytest.raises(SamplingError, match=r"k=-1 must be an integer in \[0, "):
+        sampler.compute_topk_logprobs(types.ModelInput.from_ints(PROMPT), -1).result()
+    with pytest.raises(InvalidDatumError, match="outside the vocabulary"):
+        sampler.compute_topk_logprobs(types.ModelInput.from_ints([5, 10**6]), 2).result()
+    with pytest.raises(ContextFullError, match="more than the model's context"):
+        sampler.compute_topk_logprobs(types.ModelInput.from_ints([5] * 9000), 2).result()

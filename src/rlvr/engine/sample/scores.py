@@ -10,7 +10,9 @@ What is covered (Tinker's ``SamplingClient.sample`` arguments and the ``SampleRe
   sparse CSR, ``-1`` meaning "nothing here" (answered with 0.0), answered in the same layout;
 - ``prompt_alt_tokens_k``: k draws with replacement at the request's temperature from the next-token distribution at
   every prompt position after the first, with their logprobs;
-- ``topk_sample_logprobs``: the k most likely tokens at every sampled position.
+- ``topk_sample_logprobs``: the k most likely tokens at every sampled position;
+- ``PromptTopk`` (rlvr's own, ``SamplingClient.compute_topk_logprobs``): every prompt token's logprob and the k most
+  likely tokens at its position, all from the trainer's forward, so the two agree to the bit (an OpenAI ``echo``).
 
 Every logprob is under the model at temperature 1, as the sampler's own logprobs are (``sampler.py``); the prompt
 distribution comes from one plain forward over the prompt, the sampled positions' from one forward over prompt and
@@ -89,6 +91,33 @@ def next_token_log_softmax(model: torch.nn.Module, tokens: list[int]) -> torch.T
     device = next(model.parameters()).device
     logits = model(input_ids=torch.tensor([tokens[:-1]], device=device)).logits[0]  # (T - 1, V)
     return logits.float().log_softmax(-1).cpu()
+
+
+@dataclass(frozen=True)
+class PromptTopk:
+    """A prompt's logprobs and each position's most likely tokens, from one forward (``compute_topk_logprobs``)."""
+
+    logprobs: list[float | None]
+    """log p(prompt_i | prompt_<i), None at position 0: the numbers ``compute_logprobs`` gives."""
+    topk: list[list[tuple[int, float]] | None]
+    """At each position i >= 1, the k most likely (token id, logprob) of p(. | prompt_<i), most likely first; None at
+    position 0, empty rows when k = 0. A row's logprob of prompt_i, when it holds it, equals ``logprobs[i]``."""
+
+
+CANDIDATE_ROWS = 256
+"""Positions whose logits ``topk_candidates`` holds at once (256 rows of a 151,936-entry vocabulary: 156 MB)."""
+
+
+@torch.inference_mode()
+def topk_candidates(model: torch.nn.Module, tokens: list[int], k: int) -> torch.Tensor:  # (T - 1, k)
+    """Row i: the ids of the k largest logits after ``tokens[:i + 1]``, by a plain forward through the decoder and
+    output layer, ``CANDIDATE_ROWS`` positions' logits at a time. Which tokens are ranked, not their logprobs: the
+    engine scores them with the trainer's forward."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    device = next(model.parameters()).device
+    hidden = causal_lm.get_decoder()(input_ids=torch.tensor([tokens[:-1]], device=device)).last_hidden_state[0]
+    head = causal_lm.get_output_embeddings()
+    return torch.cat([head(rows).topk(k, dim=-1).indices.cpu() for rows in hidden.split(CANDIDATE_ROWS)])
 
 
 def topk_rows(log_probs: torch.Tensor, k: int, skip: int) -> TopkLogprobs:
