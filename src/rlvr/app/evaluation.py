@@ -13,6 +13,7 @@ What it is not: the loop's in-training evaluation (``rlvr.rl.loop.evaluate``, gr
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ from rlvr.app.progress import StepProgress
 from rlvr.app.settings import as_config
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
 from rlvr.fileio import jsonl_line, write_atomic
+
+logger = logging.getLogger("rlvr.eval")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -79,7 +82,15 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
 
     if isinstance(source, RLDataset):  # an env recipe: its held-out games, played greedily
         return _evaluate_envs(config, source, sampler, tokenizer, num_samples, problems)
-    chosen = source.problems(source.eval_split(), limit=problems or config.eval_problems)
+    asked = problems or config.eval_problems
+    chosen = source.problems(source.eval_split(), limit=asked)
+    if len(chosen) < asked:
+        _warn(console, f"warning: {asked} problems asked, but the {source.eval_split()!r} split holds "
+                       f"{len(chosen)}: evaluating {len(chosen)}")
+    if not chosen:
+        raise ConfigurationError(f"the {source.eval_split()!r} split of recipe {config.recipe!r} holds no problems "
+                                 "to evaluate; give data with held-out problems (task.test_fraction, or a test "
+                                 "split)")
     params = types.SamplingParams(max_tokens=config.max_tokens, seed=config.seed,
                                   temperature=0.0 if num_samples == 1 else config.temperature)
     futures = [sampler.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), num_samples, params)
@@ -130,3 +141,11 @@ def _evaluate_envs(config: Any, dataset: Any, sampler: Any, tokenizer: Any, num_
     from rlvr.rl.envs import evaluate_envs
 
     return {"problems": len(groups), **evaluate_envs(sampler, groups, config.max_tokens, config.max_turns)}
+
+
+def _warn(console: Any, text: str) -> None:
+    """``text`` on ``console`` (rlvr eval's stderr), else as a logged warning."""
+    if console is not None:
+        console.print(text, style="yellow", highlight=False, markup=False, soft_wrap=True)
+    else:
+        logger.warning("%s", text.removeprefix("warning: "))
