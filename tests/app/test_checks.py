@@ -64,11 +64,12 @@ def test_a_bad_setting_is_refused_before_any_model_loads_in_under_a_second(args,
 def test_a_missing_data_field_is_refused_before_the_model_loads(tmp_path, no_model):
     good = {"question": "1 + 1?", "answer": "2 #### 2"}
     data = gsm8k_file(tmp_path / "g.jsonl", [good] * 5 + [{"question": "2 + 2?", "solution": "4"}] + [good] * 4)
-    result, took = train(*TINY, "--recipe", "gsm8k", "--data", str(data), "task.test_fraction=0.2",
-                         f"out={tmp_path / 'run'}")
+    run = tmp_path / "run"
+    result, took = train(*TINY, "--recipe", "gsm8k", "--data", str(data), "task.test_fraction=0.2", f"out={run}")
     assert result.exit_code == 2, result.output
     assert "record 5 of split" in result.output and "KeyError: 'answer'" in result.output
     assert took < 1.0
+    assert not run.exists()
 
 
 def test_an_unknown_hub_id_without_the_hub_fails_in_seconds_with_the_whole_message(tmp_path, monkeypatch,
