@@ -39,14 +39,14 @@ RL_INPUTS = frozenset({"logprobs", "advantages"})
 
 
 def check_run(config: TrainConfig) -> Any:
-    """Check ``config`` as the module docstring lists, cheapest first; returns its problem source (or env dataset),
-    its local data read."""
-    check_loss(config.loss_fn, config.loss_fn_config)
+    """Check ``config`` as the module docstring lists, those that need no torch first (a typo in a task key is
+    refused before torch loads); returns its problem source (or env dataset), its local data read."""
     check_out(config.out)
     source = build_source(config)
     if config.recipe not in GENERATED and config.data != "hub" and hasattr(source, "splits"):
         for split in source.splits():  # every record mapped to a problem: a missing field fails here
             source.problems(split)
+    check_loss(config.loss_fn, config.loss_fn_config)
     from rlvr.engine.models.load import check_base_model
 
     check_base_model(config.base_model)
