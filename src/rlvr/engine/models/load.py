@@ -123,12 +123,14 @@ def linear_parameters(base_model: str) -> int | None:
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model_folder(name))
+        folder = model_folder(name)
+        cached_only = not Path(folder).exists() and _hub_model_state(name)  # a hub id: no minute of retries offline
+        config = AutoConfig.from_pretrained(folder, local_files_only=cached_only)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
         per_layer = config.hidden_size * (2 * q + 2 * kv) + 3 * config.hidden_size * config.intermediate_size
         return config.num_hidden_layers * per_layer + config.vocab_size * config.hidden_size
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError, AttributeError, TypeError, ModelLoadError):
         return None
 
 
