@@ -126,8 +126,8 @@ def train(
                                                                     "the model (loss, reward, data files and their "
                                                                     "fields, model name, run folder), print the "
                                                                     "resolved configuration and stop."),
-    quick: bool = typer.Option(False, "--quick", help="A first look in about a minute: the recipe cut to a few "
-                                                      "steps and held-out problems (overrides still apply)."),
+    quick: bool = typer.Option(False, "--quick", help="A first look: the recipe cut to 3 steps and 8 held-out "
+                                                      "problems (overrides still apply)."),
 ) -> None:
     """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table.
     Every setting is checked before the model loads. SIGTERM or Ctrl-C checkpoint the step in flight and print the
