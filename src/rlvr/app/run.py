@@ -5,16 +5,17 @@
     rlvr.train("my.yaml", overrides=["steps=40"])
     rlvr.resume("runs/arithmetic-20261122-101500", overrides=["steps=40"])
 
-A run folder holds ``config.yaml`` (resolved), ``status.json`` (running / finished / failed with the error /
-interrupted with the step its checkpoint reached), ``metrics.jsonl``, ``checkpoints.jsonl`` and ``checkpoints/`` (the
+Every setting that can be checked without the model is checked before it loads (``checks.py``). A run folder holds
+``config.yaml`` (resolved), ``status.json`` (running / finished / failed with the error / interrupted with the step
+its checkpoint reached), ``metrics.jsonl``, ``checkpoints.jsonl`` and ``checkpoints/`` (the
 states, pruned to ``keep_checkpoints``), ``summary.json`` (held-out evaluations of the base model, after the warm-up if
 there is one, and after RL), ``curves.png`` and ``rollouts/``. The console shows a progress bar (step, reward,
 accuracy, tokens/s, ETA) and the evaluations' progress, and ends with the table ``Metric | Baseline | [After warm-up
 |] After | Improvement``.
 
 SIGTERM or Ctrl-C stop a run cleanly (``stop.py``): the step in flight finishes and is checkpointed (evaluations are
-abandoned at once), the run is marked ``interrupted`` and the command that resumes it is printed; RunInterrupted is
-raised (``rlvr`` exits with 128 + the signal). A second Ctrl-C stops at once.
+abandoned at once), the run is marked ``interrupted`` and the command that resumes it is printed, as the user ran rlvr
+(``commands.py``); RunInterrupted is raised (``rlvr`` exits with 128 + the signal). A second Ctrl-C stops at once.
 
 What it is not: the loop itself (``rlvr.rl.loop``), evaluation of a saved model (``rlvr.app.evaluation``), or
 argument parsing (``rlvr.cli``).

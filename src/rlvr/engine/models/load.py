@@ -10,7 +10,10 @@ A ``base_model`` may be:
   ``$RLVR_HOME/models/``; later loads read that folder (well under a second);
 - a local Hugging Face model folder (one holding ``config.json``) or a path to a ``.gguf`` file (converted once, the
   same way, into the cache: ``gguf_files.py``, which reads K-quant and legacy tensor types alike);
-- any other string is taken as a Hugging Face hub id, for users whose machine reaches the hub.
+- any other string is taken as a Hugging Face hub id, for users whose machine reaches the hub: it is asked once
+  (:func:`check_base_model`, which ``rlvr train`` runs before any model loads), and not at all with
+  ``HF_HUB_OFFLINE=1``; where it cannot answer, the model loads from the local Hugging Face cache or fails at once
+  with the whole reason.
 
 Not here: reading GGUF files (``gguf_files.py``), LoRA (``lora.py``), sampling, training.
 """
