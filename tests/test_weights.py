@@ -145,3 +145,19 @@ def test_a_bare_name_is_a_folder_of_runs_first(run, tmp_path, monkeypatch):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "mine").symlink_to(run_dir, target_is_directory=True)
     assert checkpoint_of("mine") == paths[-1]
+
+
+def test_rlvr_export_prints_one_progress_line_and_no_library_warnings(run, tmp_path):
+    """No FutureWarning from transformers' internals (peft calls them), no progress bars drawn by the libraries: one
+    line saying what is being written, then the paths."""
+    import warnings
+
+    run_dir, _, paths = run
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = runner.invoke(app, ["export", str(run_dir), "--merged", str(tmp_path / "merged"), "--gguf",
+                                     str(tmp_path / "model.gguf")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [f"exporting {paths[-1]} (base model tiny): merged folder, GGUF (f16)"]
+    assert result.stdout.splitlines() == [f"merged   {tmp_path / 'merged'}", f"gguf     {tmp_path / 'model.gguf'}"]
+    assert [w for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))] == []

@@ -102,13 +102,14 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _config(recipe: str | None, config: str | None, data: str | None, overrides: list[str] | None) -> object:
+def _config(recipe: str | None, config: str | None, data: str | None, overrides: list[str] | None,
+            quick: bool = False) -> object:
     from rlvr.app.settings import resolve_config
     from rlvr.errors import ConfigurationError
 
     extra = [f"data={data}"] if data is not None else []
     try:
-        return resolve_config(recipe=recipe, config_file=config, overrides=[*(overrides or []), *extra])
+        return resolve_config(recipe=recipe, config_file=config, overrides=[*(overrides or []), *extra], quick=quick)
     except ConfigurationError as exc:
         raise _fail(exc) from None
 
@@ -121,14 +122,31 @@ def train(
                                           "reasoning-gym."),
     config: str = typer.Option(None, "--config", "-c", help="YAML config file (overrides apply on top)."),
     data: str = typer.Option(None, help="Local problem file for the recipe (JSONL/JSON/Parquet)."),
+    check: bool = typer.Option(False, "--check", "--dry-run", help="Check every setting that can be checked without "
+                                                                    "the model (loss, reward, data files and their "
+                                                                    "fields, model name, run folder), print the "
+                                                                    "resolved configuration and stop."),
+    quick: bool = typer.Option(False, "--quick", help="A first look: the recipe cut to 3 steps and 8 held-out "
+                                                      "problems (overrides still apply)."),
 ) -> None:
     """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table.
-    SIGTERM or Ctrl-C checkpoint the step in flight and print the command that resumes the run."""
-    from rlvr.app.run import train as run
-    from rlvr.app.sources import build_source
+    Every setting is checked before the model loads. SIGTERM or Ctrl-C checkpoint the step in flight and print the
+    command that resumes the run."""
+    import dataclasses
 
-    resolved = _config(recipe, config, data, overrides)
-    build_source(resolved)  # data files, task keys and the reward, checked before the model loads
+    from rlvr.app.checks import check_run
+    from rlvr.app.run import train as run
+    from rlvr.app.run import with_run_folder
+
+    resolved = with_run_folder(_config(recipe, config, data, overrides, quick=quick))
+    check_run(resolved)  # before the model loads
+    if check:
+        import yaml
+
+        typer.echo(yaml.safe_dump(dataclasses.asdict(resolved), sort_keys=False, allow_unicode=True), nl=False)
+        typer.echo("checked: the settings, data, model name and run folder are usable (the model was not loaded)",
+                   err=True)
+        return
     startup.import_modules("rlvr.rl.loop")
     run(resolved)
 
@@ -141,12 +159,13 @@ def resume(
                                                           show_default=False)] = None,
 ) -> None:
     """Continue a run (of rlvr train or rlvr sft) from its last checkpoint."""
+    from rlvr.app.commands import user_command
     from rlvr.app.run import resume as run
 
     startup.import_modules("rlvr.rl.loop")
     result = run(run_dir, overrides)
     if isinstance(result, str):  # an sft run: its final state
-        typer.echo(f"saved: {result}\nnext: rlvr train start_from_checkpoint={result}")
+        typer.echo(f"saved: {result}\nnext: {user_command('train', f'start_from_checkpoint={result}')}")
 
 
 @app.command()
@@ -158,6 +177,7 @@ def sft(
     config: str = typer.Option(None, "--config", "-c", help="YAML config file."),
 ) -> None:
     """Supervised fine-tuning (cross_entropy) on a JSONL of prompt/completion pairs; prints the state path."""
+    from rlvr.app.commands import user_command
     from rlvr.app.progress import make_console
     from rlvr.app.settings import build_config, merge_layers, parse_overrides, read_config_file
     from rlvr.app.sft import SftConfig
@@ -166,7 +186,7 @@ def sft(
     values = merge_layers(read_config_file(config) if config else {}, parse_overrides(overrides or []))
     startup.import_modules("rlvr.client")
     path = run(build_config(values, SftConfig), console=make_console())
-    typer.echo(f"saved: {path}\nnext: rlvr train start_from_checkpoint={path}")
+    typer.echo(f"saved: {path}\nnext: {user_command('train', f'start_from_checkpoint={path}')}")
 
 
 @app.command("eval")
@@ -273,7 +293,7 @@ def export(
     from rlvr.weights import export as export_weights
 
     done = export_weights(path, merged=merged, adapter=adapter, gguf=gguf, dtype=dtype, gguf_type=gguf_type,
-                          force=force)
+                          force=force, progress=lambda line: typer.echo(line, err=True))
     for kind in ("merged", "adapter", "gguf"):
         if getattr(done, kind) is not None:
             typer.echo(f"{kind:8s} {getattr(done, kind)}")

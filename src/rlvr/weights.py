@@ -15,6 +15,7 @@ Not here: the model work, merging and writing files (``rlvr.engine.export``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ RUNS = Path("runs")
 
 def export(path: str | Path, *, merged: str | Path | None = None, adapter: str | Path | None = None,
            gguf: str | Path | None = None, dtype: str | None = None, gguf_type: str = "f16",
-           force: bool = False) -> Exported:
+           force: bool = False, progress: Callable[[str], None] | None = None) -> Exported:
     """Export the checkpoint ``path`` names (see the module docstring) as:
 
     - ``merged``: a Hugging Face folder with the LoRA merged into the base weights, in the base's dtype or ``dtype``
@@ -41,11 +42,12 @@ def export(path: str | Path, *, merged: str | Path | None = None, adapter: str |
     - ``gguf``: a GGUF file of the merged model, matrices in ``gguf_type`` ("f16", "bf16", "q8_0", "f32")
       (llama.cpp, Ollama, ``base_model=<file.gguf>``).
 
-    An existing destination is replaced only with ``force``. Returns the paths written."""
+    An existing destination is replaced only with ``force``; ``progress`` is given one line saying what is being
+    written, as the work starts. Returns the paths written."""
     from rlvr.engine.export import export_checkpoint
 
     return export_checkpoint(checkpoint_of(path), merged=merged, adapter=adapter, gguf=gguf, dtype=dtype,
-                             gguf_type=gguf_type, force=force)
+                             gguf_type=gguf_type, force=force, progress=progress)
 
 
 def checkpoint_of(path: str | Path) -> str:

@@ -65,7 +65,7 @@ def test_recipes_over_data_need_data_and_generated_ones_refuse_it(tmp_path):
 def test_a_source_without_held_out_problems_trains_and_reports_no_evaluation(tmp_path, monkeypatch):
     """A source whose evaluation split is empty: the run trains, evaluates nothing before or after, and its summary
     says so (empty) rather than failing at the end."""
-    import rlvr.app.run
+    import rlvr.app.checks
 
     real = build_source
 
@@ -75,7 +75,7 @@ def test_a_source_without_held_out_problems_trains_and_reports_no_evaluation(tmp
         source.load = lambda split: load(split) if split == "train" else []
         return source
 
-    monkeypatch.setattr(rlvr.app.run, "build_source", without_held_out)
+    monkeypatch.setattr(rlvr.app.checks, "build_source", without_held_out)
     from rich.console import Console
 
     run = tmp_path / "run"

@@ -13,6 +13,7 @@ What it is not: the loop's in-training evaluation (``rlvr.rl.loop.evaluate``, gr
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ from rlvr.app.progress import StepProgress
 from rlvr.app.settings import as_config
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
 from rlvr.fileio import jsonl_line, write_atomic
+
+logger = logging.getLogger("rlvr.eval")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -66,6 +69,19 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         raise ConfigurationError(f"k={list(k)}: each k must be between 1 and num_samples={num_samples}")
     config = as_config(config)
     source = source or build_source(config)
+    from rlvr.rl.envs import RLDataset  # here, not at import: rlvr train checks a config without loading torch
+    from rlvr.rl.problems import future_done
+
+    if not isinstance(source, RLDataset):  # the problems first: a short split is told before the model loads
+        asked = problems or config.eval_problems
+        chosen = source.problems(source.eval_split(), limit=asked)
+        if not chosen:
+            raise ConfigurationError(f"the {source.eval_split()!r} split of recipe {config.recipe!r} holds no "
+                                     "problems to evaluate; give data with held-out problems (task.test_fraction, "
+                                     "or a test split)")
+        if len(chosen) < asked:
+            _warn(console, f"warning: {asked} problems asked, but the {source.eval_split()!r} split holds "
+                           f"{len(chosen)}: evaluating {len(chosen)}")
     service = ServiceClient(precision=config.precision)  # a run's recorded precision
     if checkpoint is None:
         sampler = service.create_sampling_client(base_model=config.base_model)
@@ -74,12 +90,8 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         training_client = service.create_training_client_from_state(resolve_checkpoint(checkpoint))
         sampler = training_client.save_weights_and_get_sampling_client()
         tokenizer = training_client.get_tokenizer()
-    from rlvr.rl.envs import RLDataset  # here, not at import: rlvr train checks a config without loading torch
-    from rlvr.rl.problems import future_done
-
     if isinstance(source, RLDataset):  # an env recipe: its held-out games, played greedily
-        return _evaluate_envs(config, source, sampler, tokenizer, num_samples, problems)
-    chosen = source.problems(source.eval_split(), limit=problems or config.eval_problems)
+        return _evaluate_envs(config, source, sampler, tokenizer, num_samples, problems, console)
     params = types.SamplingParams(max_tokens=config.max_tokens, seed=config.seed,
                                   temperature=0.0 if num_samples == 1 else config.temperature)
     futures = [sampler.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), num_samples, params)
@@ -117,7 +129,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
 
 
 def _evaluate_envs(config: Any, dataset: Any, sampler: Any, tokenizer: Any, num_samples: int,
-                   problems: int | None) -> dict[str, Any]:
+                   problems: int | None, console: Any = None) -> dict[str, Any]:
     """An env dataset's held-out groups (the first ``problems``), one greedy episode each, as the loop evaluates
     them: ``test/reward/mean``, ``test/correct`` (episode reward >= 1), ``test/turns`` (no per-game records)."""
     if num_samples != 1:
@@ -127,6 +139,17 @@ def _evaluate_envs(config: Any, dataset: Any, sampler: Any, tokenizer: Any, num_
     groups = list(dataset.test_groups())[:problems or None]
     if not groups:
         raise ConfigurationError(f"recipe {config.recipe!r} has no held-out groups (eval_problems=0?)")
+    if problems and len(groups) < problems:
+        _warn(console, f"warning: {problems} problems asked, but recipe {config.recipe!r} holds {len(groups)} "
+                       f"held-out games (eval_problems={config.eval_problems}): evaluating {len(groups)}")
     from rlvr.rl.envs import evaluate_envs
 
     return {"problems": len(groups), **evaluate_envs(sampler, groups, config.max_tokens, config.max_turns)}
+
+
+def _warn(console: Any, text: str) -> None:
+    """``text`` on ``console`` (rlvr eval's stderr), else as a logged warning."""
+    if console is not None:
+        console.print(text, style="yellow", highlight=False, markup=False, soft_wrap=True)
+    else:
+        logger.warning("%s", text.removeprefix("warning: "))

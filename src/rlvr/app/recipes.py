@@ -17,7 +17,7 @@ from typing import Any
 
 from rlvr.model_names import unaliased
 
-__all__ = ["ENV_RECIPES", "GENERATED", "RECIPES", "recipe_presets"]
+__all__ = ["ENV_RECIPES", "GENERATED", "QUICK", "RECIPES", "quick_presets", "recipe_presets"]
 
 RECIPES: dict[str, dict[str, Any]] = {
     # One-digit addition and subtraction on SmolLM2: visible held-out gains in minutes on 2 cores. The prompt asks
@@ -135,3 +135,19 @@ def recipe_presets(name: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
 
 GENERATED = ("arithmetic", "rpn", "reasoning-gym")
 """Recipes whose problems are generated (no data file)."""
+
+
+QUICK = {"steps": 3, "eval_problems": 8, "warmup_steps": 10, "save_every": 0}
+"""``--quick``, a first look at a recipe in about a minute: at most this many RL steps, held-out problems and
+warm-up steps (a recipe's own warm-up, shortened), checkpoints only at the end."""
+
+
+def quick_presets(presets: dict[str, Any]) -> dict[str, Any]:
+    """Recipe ``presets`` cut down as :data:`QUICK` says (the file and overrides still apply on top)."""
+    warmup = presets.get("warmup", {})
+    cut = {"steps": min(presets.get("steps", QUICK["steps"]), QUICK["steps"]),
+           "eval_problems": min(presets.get("eval_problems", QUICK["eval_problems"]), QUICK["eval_problems"]),
+           "save_every": QUICK["save_every"]}
+    if warmup.get("steps"):
+        cut["warmup"] = {**warmup, "steps": min(warmup["steps"], QUICK["warmup_steps"])}
+    return {**presets, **cut}

@@ -5,16 +5,17 @@
     rlvr.train("my.yaml", overrides=["steps=40"])
     rlvr.resume("runs/arithmetic-20261122-101500", overrides=["steps=40"])
 
-A run folder holds ``config.yaml`` (resolved), ``status.json`` (running / finished / failed with the error /
-interrupted with the step its checkpoint reached), ``metrics.jsonl``, ``checkpoints.jsonl`` and ``checkpoints/`` (the
+Every setting that can be checked without the model is checked before it loads (``checks.py``). A run folder holds
+``config.yaml`` (resolved), ``status.json`` (running / finished / failed with the error / interrupted with the step
+its checkpoint reached), ``metrics.jsonl``, ``checkpoints.jsonl`` and ``checkpoints/`` (the
 states, pruned to ``keep_checkpoints``), ``summary.json`` (held-out evaluations of the base model, after the warm-up if
 there is one, and after RL), ``curves.png`` and ``rollouts/``. The console shows a progress bar (step, reward,
 accuracy, tokens/s, ETA) and the evaluations' progress, and ends with the table ``Metric | Baseline | [After warm-up
 |] After | Improvement``.
 
 SIGTERM or Ctrl-C stop a run cleanly (``stop.py``): the step in flight finishes and is checkpointed (evaluations are
-abandoned at once), the run is marked ``interrupted`` and the command that resumes it is printed; RunInterrupted is
-raised (``rlvr`` exits with 128 + the signal). A second Ctrl-C stops at once.
+abandoned at once), the run is marked ``interrupted`` and the command that resumes it is printed, as the user ran rlvr
+(``commands.py``); RunInterrupted is raised (``rlvr`` exits with 128 + the signal). A second Ctrl-C stops at once.
 
 What it is not: the loop itself (``rlvr.rl.loop``), evaluation of a saved model (``rlvr.app.evaluation``), or
 argument parsing (``rlvr.cli``).
@@ -24,15 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import time
 from pathlib import Path
 from typing import Any
 
+from rlvr.app.checks import check_run
+from rlvr.app.commands import user_command
 from rlvr.app.progress import StepProgress, evaluation, make_console
 from rlvr.app.settings import TrainConfig, as_config, read_config_file, resolve_config
 from rlvr.app.sft import sft
-from rlvr.app.sources import build_source
 from rlvr.app.status import Stopped, running
 from rlvr.errors import ConfigurationError, RunInterrupted
 from rlvr.fileio import append_jsonl, write_atomic
@@ -40,15 +41,13 @@ from rlvr.precision import base_precision
 from rlvr.rl.config import save_config
 from rlvr.rl.stop import StopRequest
 
-__all__ = ["resume", "train"]
+__all__ = ["resume", "train", "with_run_folder"]
 
 def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overrides: list[str] | None = None,
           console: Any = None) -> dict[str, Any]:
     """Run RL as ``rlvr train``: returns ``{"before", "after", "summary", "run_dir", ...}``."""
-    config = as_config(config, overrides)
-    if not config.out or config.out == TrainConfig.out:  # the default folder: one per run, named by recipe and time
-        config = dataclasses.replace(config, out=f"runs/{config.recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
-    source = build_source(config)
+    config = with_run_folder(as_config(config, overrides))
+    source = check_run(config)  # everything that can be checked without the model, before it loads
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
@@ -61,20 +60,28 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
         return _train(config, source, run_dir, console, stop)
 
 
+def with_run_folder(config: TrainConfig) -> TrainConfig:
+    """``config`` with its run folder named: the default one is new for each run, named by recipe and time."""
+    if not config.out or config.out == TrainConfig.out:
+        return dataclasses.replace(config, out=f"runs/{config.recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return config
+
+
 def _where_stopped(config: TrainConfig, run_dir: Path) -> Stopped:
     """The step the last checkpoint of a stopped run reached, and the command that continues it."""
     from rlvr.rl.checkpoints import WARMUP, last_checkpoint
 
     rl, warm = last_checkpoint(run_dir), last_checkpoint(run_dir, WARMUP)
-    folder = shlex.quote(str(run_dir))
+    resume = user_command("resume", str(run_dir))
     if rl is not None and rl["step"] >= config.steps:
-        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", f"rlvr eval --checkpoint {folder}",
+        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", user_command("eval", "--checkpoint",
+                                                                                     str(run_dir)),
                        "training is complete; its final evaluation was stopped. Evaluate it with:")
     if rl is not None:
-        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", f"rlvr resume {folder}")
+        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", resume)
     if warm is not None:
-        return Stopped(0, f"warm-up step {warm['step']}/{config.warmup.steps}", f"rlvr resume {folder}")
-    return Stopped(0, "step 0", f"rlvr resume {folder}", "no checkpoint yet; start it again (from step 0) with:")
+        return Stopped(0, f"warm-up step {warm['step']}/{config.warmup.steps}", resume)
+    return Stopped(0, "step 0", resume, "no checkpoint yet; start it again (from step 0) with:")
 
 
 SUMMARY_ROWS = (("pass rate", "test/correct"), ("accuracy", "test/reward/correct/mean"),
@@ -109,7 +116,7 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: 
     from rlvr.rl.loop import train as loop
 
     console.print(f"[bold]rlvr train[/bold] {escape(f'recipe={config.recipe} model={config.base_model} steps=')}"
-                  f"{config.steps} -> {escape(str(run_dir))}", highlight=False)
+                  f"{config.steps} -> {escape(str(run_dir))}", highlight=False, soft_wrap=True)
     config = _after_warmup(config, source, run_dir, console, stop)
 
     start = last_checkpoint(run_dir)["step"] if config.resume else 0
@@ -136,7 +143,7 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: 
         gain = _fmt(after - before, sign=True) if before is not None and after is not None else ""
         table.add_row(name, *(_fmt(v) for v in values), gain)
     console.print(table)
-    console.print(f"run folder: {run_dir}   curves: {result['plot']}", highlight=False, markup=False)
+    console.print(f"run folder: {run_dir}   curves: {result['plot']}", highlight=False, markup=False, soft_wrap=True)
     return {**result, "summary": summary, "run_dir": str(run_dir)}
 
 

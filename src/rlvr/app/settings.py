@@ -28,7 +28,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from rlvr.app.recipes import RECIPES, recipe_presets
+from rlvr.app.recipes import RECIPES, quick_presets, recipe_presets
 from rlvr.errors import ConfigurationError
 from rlvr.rl.config import LoopConfig
 
@@ -80,8 +80,10 @@ class TrainConfig(LoopConfig):
 
 
 def resolve_config(recipe: str | None = None, config_file: str | Path | None = None,
-                   overrides: list[str] | None = None, base: dict[str, Any] | None = None) -> TrainConfig:
-    """The validated config from defaults < recipe < ``base`` (e.g. a saved run's config) < file < overrides."""
+                   overrides: list[str] | None = None, base: dict[str, Any] | None = None,
+                   quick: bool = False) -> TrainConfig:
+    """The validated config from defaults < recipe < ``base`` (e.g. a saved run's config) < file < overrides;
+    ``quick``: the recipe's presets cut to a first look (``recipes.quick_presets``: a few steps and problems)."""
     layers: list[dict[str, Any]] = []
     if base:
         layers.append(base)
@@ -94,7 +96,8 @@ def resolve_config(recipe: str | None = None, config_file: str | Path | None = N
     if name not in RECIPES:
         raise ConfigurationError(f"recipe={name!r}: choose one of {sorted(RECIPES)}{_nearest(name, RECIPES)}")
     merged: dict[str, Any] = {"recipe": name}
-    for layer in [recipe_presets(name, layers), *layers]:
+    presets = recipe_presets(name, layers)
+    for layer in [quick_presets(presets) if quick else presets, *layers]:
         merged = merge_layers(merged, layer)
     return build_config(merged)
 

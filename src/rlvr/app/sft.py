@@ -128,8 +128,8 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
     the steps on it (``progress.py``), else ``progress`` is called after each step. A stop (SIGTERM, Ctrl-C) raises
     RunInterrupted after checkpointing the step reached."""
     import contextlib
-    import shlex
 
+    from rlvr.app.commands import user_command
     from rlvr.app.progress import StepProgress, make_console
     from rlvr.app.settings import build_config
     from rlvr.app.status import Stopped, running
@@ -146,7 +146,7 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
         from rlvr.rl.checkpoints import last_checkpoint
 
         done = (last_checkpoint(run_dir) or {}).get("step", 0)
-        return Stopped(done, f"step {done}/{config.steps}", f"rlvr resume {shlex.quote(str(run_dir))}")
+        return Stopped(done, f"step {done}/{config.steps}", user_command("resume", str(run_dir)))
 
     shown = contextlib.nullcontext() if console is None else StepProgress(console, "step", config.steps, start=start)
     with running(run_dir, console or make_console(), stopped, kind="sft") as stop, shown as bar:

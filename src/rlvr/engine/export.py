@@ -24,9 +24,11 @@ Not here: which checkpoint a run folder or run name means (``rlvr.weights``), th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,9 +71,11 @@ class Exported:
 
 def export_checkpoint(path: str, *, merged: str | Path | None = None, adapter: str | Path | None = None,
                       gguf: str | Path | None = None, dtype: str | None = None, gguf_type: str = "f16",
-                      force: bool = False) -> Exported:
+                      force: bool = False, progress: Callable[[str], None] | None = None) -> Exported:
     """Write checkpoint ``path`` (``rlvr://<run>/weights/<name>``, ``.../sampler_weights/<name>`` or a checkpoint
-    folder) as a merged folder, an adapter folder and/or a GGUF file (see the module docstring)."""
+    folder) as a merged folder, an adapter folder and/or a GGUF file (see the module docstring). ``progress`` is
+    given one line, once the settings are checked, saying what is being written; the libraries' own progress bars
+    and deprecation warnings are kept quiet meanwhile."""
     if merged is None and adapter is None and gguf is None:
         raise ConfigurationError("nothing to export: give merged= (a Hugging Face folder), adapter= (a PEFT adapter "
                                  "folder) or gguf= (a .gguf file), or several (CLI: --merged, --adapter, --gguf)")
@@ -86,6 +90,38 @@ def export_checkpoint(path: str, *, merged: str | Path | None = None, adapter: s
         _check_file(Path(gguf), force)
     folder, meta = checkpoint.read_meta(path)
     base_model = meta["base_model"]
+    if progress is not None:
+        kinds = [kind for kind, target in (("merged folder", merged), ("adapter", adapter),
+                                           (f"GGUF ({gguf_type})", gguf)) if target is not None]
+        progress(f"exporting {path} (base model {base_model}): {', '.join(kinds)}")
+    with _libraries_quiet():
+        return _export(folder, base_model, merged, adapter, gguf, dtype, gguf_type)
+
+
+@contextlib.contextmanager
+def _libraries_quiet() -> Iterator[None]:
+    """transformers' and huggingface_hub's progress bars off, and their FutureWarnings and DeprecationWarnings
+    (about their own internals, called by peft) silenced, for the block."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    shown, hub_shown = hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+        if hub_shown:
+            enable_progress_bars()
+
+
+def _export(folder: Path, base_model: str, merged: str | Path | None, adapter: str | Path | None,
+            gguf: str | Path | None, dtype: str | None, gguf_type: str) -> Exported:
     model = tokenizer = None
     if merged is not None or gguf is not None:
         model, tokenizer = merged_model(folder, base_model)

@@ -10,7 +10,10 @@ A ``base_model`` may be:
   ``$RLVR_HOME/models/``; later loads read that folder (well under a second);
 - a local Hugging Face model folder (one holding ``config.json``) or a path to a ``.gguf`` file (converted once, the
   same way, into the cache: ``gguf_files.py``, which reads K-quant and legacy tensor types alike);
-- any other string is taken as a Hugging Face hub id, for users whose machine reaches the hub.
+- any other string is taken as a Hugging Face hub id, for users whose machine reaches the hub: it is asked once
+  (:func:`check_base_model`, which ``rlvr train`` runs before any model loads), and not at all with
+  ``HF_HUB_OFFLINE=1``; where it cannot answer, the model loads from the local Hugging Face cache or fails at once
+  with the whole reason.
 
 Not here: reading GGUF files (``gguf_files.py``), LoRA (``lora.py``), sampling, training.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -122,12 +126,14 @@ def linear_parameters(base_model: str) -> int | None:
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(model_folder(name))
+        folder = model_folder(name)
+        cached_only = not Path(folder).exists() and _hub_model_state(name)  # a hub id: no minute of retries offline
+        config = AutoConfig.from_pretrained(folder, local_files_only=cached_only)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
         per_layer = config.hidden_size * (2 * q + 2 * kv) + 3 * config.hidden_size * config.intermediate_size
         return config.num_hidden_layers * per_layer + config.vocab_size * config.hidden_size
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError, AttributeError, TypeError, ModelLoadError):
         return None
 
 
@@ -146,14 +152,72 @@ def _load_folder(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[PreT
 
 
 def _load_from_hub(repo_id: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    cached_only = _hub_model_state(repo_id)
     try:
+        if cached_only:  # no hub to ask: transformers would retry it for a minute before reading its own cache
+            from huggingface_hub import snapshot_download
+
+            return _load_folder(Path(snapshot_download(repo_id, local_files_only=True)), dtype)
         return _load_folder(repo_id, dtype)  # type: ignore[arg-type]
     except OSError as exc:
-        raise ModelLoadError(
-            f"base_model={repo_id!r} is neither a known name ('tiny', '{SMOLLM2}'), a local folder, a .gguf file, nor "
-            f"a Hugging Face hub id this machine could load ({exc.__class__.__name__}: {str(exc)[:200]}). Without hub "
-            f"access, use '{SMOLLM2}' or a local path."
-        ) from exc
+        raise ModelLoadError(_not_loadable(repo_id, f"{exc.__class__.__name__}: {exc}")) from exc
+
+
+def check_base_model(base_model: str) -> None:
+    """Raise ModelLoadError unless ``base_model`` names a model :func:`load_base_model` can find, without loading
+    it: a built-in name, a .gguf file or model folder that exists, or a hub id that is in the local Hugging Face
+    cache or that the hub answers for (one request; none with ``HF_HUB_OFFLINE=1``). Takes seconds at most."""
+    name = canonical_name(base_model)
+    if name in ("tiny", SMOLLM2):
+        return
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"base_model={base_model!r}: GGUF file {str(path)!r} does not exist")
+        return
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"base_model={base_model!r} is a folder without config.json; point it at a Hugging "
+                                 "Face model folder (config.json + weights) or a .gguf file")
+        return
+    _hub_model_state(name)
+
+
+def _hub_model_state(repo_id: str) -> bool:
+    """Whether hub id ``repo_id`` must load from the local cache alone (True: no hub to ask, and the cache holds
+    it; False: the hub answers for it); ModelLoadError, with the whole reason, when neither."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ModelLoadError(_not_loadable(repo_id, f"no such file or folder, and not a hub id: {exc}")) from None
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        if not cached:
+            raise ModelLoadError(_not_loadable(repo_id, "HF_HUB_OFFLINE is set and the local Hugging Face cache "
+                                                        "does not hold it"))
+        return True
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_TIMEOUT_S)
+    except Exception as exc:  # any failure to reach or find it: the cache, else the whole reason
+        if cached:
+            return True
+        raise ModelLoadError(_not_loadable(repo_id, f"the hub did not give its config.json "
+                                                    f"({type(exc).__name__}: {exc})")) from None
+    return False
+
+
+HUB_TIMEOUT_S = 10.0
+"""Seconds the one request that checks a hub id may take."""
+
+
+def _not_loadable(repo_id: str, why: str) -> str:
+    return (f"base_model={repo_id!r} is neither a known name ('tiny', '{SMOLLM2}'), a local folder, a .gguf file, "
+            f"nor a Hugging Face hub id this machine could load: {why.rstrip('.')}. Without hub access, use "
+            f"'{SMOLLM2}' or a local path.")
 
 
 @contextlib.contextmanager
