@@ -209,25 +209,27 @@ def eval_(
 
 @app.command()
 @_errors_told
-def runs(root: str = typer.Argument("runs", help="Folder holding run folders.")) -> None:
-    """List runs with their status, steps, best reward, held-out accuracy and disk use (checkpoints included)."""
-    from pathlib import Path
-
+def runs(root: str = typer.Argument(None, help="Only the run folders directly under this folder (default: every run "
+                                               "made on this machine, and those under ./runs).",
+                                    show_default=False)) -> None:
+    """List runs with their status, steps, best reward, held-out accuracy and disk use (checkpoints included): every
+    run made on this machine wherever its folder is, and those under ./runs."""
     from rich.table import Table
+    from rich.text import Text
 
     from rlvr.app.progress import make_console
-    from rlvr.app.runs import format_bytes, list_runs
+    from rlvr.app.runs import format_bytes, list_runs, shown_path
 
-    table = Table(title=f"runs in {root}")
-    for column in ("run", "status", "steps", "best reward", "baseline acc", "after acc", "disk"):
+    table = Table(title="runs on this machine" if root is None else f"runs in {root}")
+    for column in ("run", "task", "status", "steps", "best reward", "baseline acc", "after acc", "disk"):
         table.add_column(column, justify="right" if column == "disk" else "left")
     for run in list_runs(root):
         def fmt(value: float | None) -> str:
             return "-" if value is None else f"{value:.3f}"
         steps = f"{run.steps_done}/{run.steps if run.steps is not None else '?'}"
-        table.add_row(Path(run.path).name, run.status, steps,
-                      fmt(run.best_reward), fmt(run.baseline_accuracy), fmt(run.after_accuracy),
-                      format_bytes(run.disk_bytes))
+        cells = (shown_path(run.path), run.kind, run.status, steps, fmt(run.best_reward), fmt(run.baseline_accuracy),
+                 fmt(run.after_accuracy), format_bytes(run.disk_bytes))
+        table.add_row(*(Text(cell) for cell in cells))  # Text: a folder name is never read as markup
     make_console().print(table)
 
 
