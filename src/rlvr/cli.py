@@ -328,6 +328,8 @@ def chat(
 ) -> None:
     """Chat with a run's model, on the engine (no export): each line you type is a turn, answered with the whole
     conversation through the chat template; /exit or end of input (Ctrl-D) ends it. Reads piped input too."""
+    import io
+
     from rlvr.app.chat import EXIT, open_run_model
     from rlvr.app.chat import chat as converse
 
@@ -336,7 +338,10 @@ def chat(
     terminal = sys.stdin.isatty()
     if terminal:
         typer.echo(f"chatting with {model.checkpoint}; {EXIT} or Ctrl-D ends it", err=True)
-    converse(model, sys.stdin, typer.echo, temperature=temperature, max_tokens=max_tokens, seed=seed,
+    lines = sys.stdin
+    if hasattr(sys.stdin, "buffer"):  # bytes that are not UTF-8 become U+FFFD, never an error
+        lines = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    converse(model, lines, typer.echo, temperature=temperature, max_tokens=max_tokens, seed=seed,
         ask=(lambda: typer.echo("> ", nl=False, err=True)) if terminal else None)
 
 

@@ -96,3 +96,6 @@ def test_chat_uses_the_chat_template_and_keeps_the_history(run):
     alone = engine_answers(state, messages[2:3], 1, max_tokens=8, temperature=0.9, seed=3)[0]
     assert alone != replies[1]  # without the history, the second turn gets another answer
     assert invoke("chat", str(run), "--seed", "3", "--max-tokens", "8", input="hello") == f"{replies[0]}\n"  # EOF
+    broken = invoke("chat", str(run), "--seed", "3", "--max-tokens", "8", input=b"caf\xe9 \xff\n")  # not UTF-8
+    replaced = [{"role": "user", "content": "caf\ufffd \ufffd"}]
+    assert broken == engine_answers(state, replaced, 1, max_tokens=8, temperature=0.9, seed=3)[0] + "\n"
