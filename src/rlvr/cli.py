@@ -229,25 +229,27 @@ def eval_(
 
 @app.command()
 @_errors_told
-def runs(root: str = typer.Argument("runs", help="Folder holding run folders.")) -> None:
-    """List runs with their status, steps, best reward, held-out accuracy and disk use (checkpoints included)."""
-    from pathlib import Path
-
+def runs(root: str = typer.Argument(None, help="Only the run folders directly under this folder (default: every run "
+                                               "made on this machine, and those under ./runs).",
+                                    show_default=False)) -> None:
+    """List runs with their status, steps, best reward, held-out accuracy and disk use (checkpoints included): every
+    run made on this machine wherever its folder is, and those under ./runs."""
     from rich.table import Table
+    from rich.text import Text
 
     from rlvr.app.progress import make_console
-    from rlvr.app.runs import format_bytes, list_runs
+    from rlvr.app.runs import format_bytes, list_runs, shown_path
 
-    table = Table(title=f"runs in {root}")
-    for column in ("run", "status", "steps", "best reward", "baseline acc", "after acc", "disk"):
+    table = Table(title="runs on this machine" if root is None else f"runs in {root}")
+    for column in ("run", "task", "status", "steps", "best reward", "baseline acc", "after acc", "disk"):
         table.add_column(column, justify="right" if column == "disk" else "left")
     for run in list_runs(root):
         def fmt(value: float | None) -> str:
             return "-" if value is None else f"{value:.3f}"
         steps = f"{run.steps_done}/{run.steps if run.steps is not None else '?'}"
-        table.add_row(Path(run.path).name, run.status, steps,
-                      fmt(run.best_reward), fmt(run.baseline_accuracy), fmt(run.after_accuracy),
-                      format_bytes(run.disk_bytes))
+        cells = (shown_path(run.path), run.kind, run.status, steps, fmt(run.best_reward), fmt(run.baseline_accuracy),
+                 fmt(run.after_accuracy), format_bytes(run.disk_bytes))
+        table.add_row(*(Text(cell) for cell in cells))  # Text: a folder name is never read as markup
     make_console().print(table)
 
 
@@ -299,6 +301,68 @@ def export(
             typer.echo(f"{kind:8s} {getattr(done, kind)}")
 
 
+
+
+RUN_HELP = ("A run folder or run name (its last checkpoint), or a checkpoint (rlvr://<run>/weights/<name>, or its "
+            "folder).")
+CHECKPOINT_HELP = "One of the run's checkpoints by name (step-000010) or path; default: its last."
+TEMPERATURE_HELP = "Sampling temperature, 0 for greedy (default: the run's)."
+MAX_TOKENS_HELP = "Most tokens per answer (default: the run's max_tokens)."
+SEED_HELP = "Seed of the sampling, for answers that repeat (default: random)."
+
+
+@app.command()
+@_errors_told
+def sample(
+    run: str = typer.Argument(..., help=RUN_HELP),
+    prompt: str = typer.Argument(..., help="The prompt, sent as a user turn through the chat template."),
+    n: int = typer.Option(1, "--n", help="How many answers."),
+    temperature: float = typer.Option(None, "--temperature", help=TEMPERATURE_HELP),
+    max_tokens: int = typer.Option(None, "--max-tokens", help=MAX_TOKENS_HELP),
+    seed: int = typer.Option(None, "--seed", help=SEED_HELP),
+    checkpoint: str = typer.Option(None, "--checkpoint", help=CHECKPOINT_HELP),
+    raw: bool = typer.Option(False, "--raw", help="Send the prompt as it is, without the chat template."),
+) -> None:
+    """Sample a run's answers to a prompt, on the engine (no export). With --n above 1 each answer follows a
+    `--- i/n ---` line."""
+    from rlvr.app.chat import open_run_model
+    from rlvr.app.chat import sample as sample_answers
+
+    startup.import_modules("rlvr.client")
+    answers = sample_answers(open_run_model(run, checkpoint), prompt, n=n, temperature=temperature,
+                             max_tokens=max_tokens, seed=seed, raw=raw)
+    for i, answer in enumerate(answers):
+        if n > 1:
+            typer.echo(f"--- {i + 1}/{n} ---")
+        typer.echo(answer)
+
+
+@app.command()
+@_errors_told
+def chat(
+    run: str = typer.Argument(..., help=RUN_HELP),
+    temperature: float = typer.Option(None, "--temperature", help=TEMPERATURE_HELP),
+    max_tokens: int = typer.Option(None, "--max-tokens", help=MAX_TOKENS_HELP),
+    seed: int = typer.Option(None, "--seed", help=SEED_HELP),
+    checkpoint: str = typer.Option(None, "--checkpoint", help=CHECKPOINT_HELP),
+) -> None:
+    """Chat with a run's model, on the engine (no export): each line you type is a turn, answered with the whole
+    conversation through the chat template; /exit or end of input (Ctrl-D) ends it. Reads piped input too."""
+    import io
+
+    from rlvr.app.chat import EXIT, open_run_model
+    from rlvr.app.chat import chat as converse
+
+    startup.import_modules("rlvr.client")
+    model = open_run_model(run, checkpoint)
+    terminal = sys.stdin.isatty()
+    if terminal:
+        typer.echo(f"chatting with {model.checkpoint}; {EXIT} or Ctrl-D ends it", err=True)
+    lines = sys.stdin
+    if hasattr(sys.stdin, "buffer"):  # bytes that are not UTF-8 become U+FFFD, never an error
+        lines = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    converse(model, lines, typer.echo, temperature=temperature, max_tokens=max_tokens, seed=seed,
+        ask=(lambda: typer.echo("> ", nl=False, err=True)) if terminal else None)
 
 
 @app.command()

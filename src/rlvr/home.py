@@ -4,7 +4,7 @@ they name, and the link that makes a run folder own its checkpoints.
 Torch-free, so the RL layer (which prunes a run's checkpoints and measures its disk use) and the engine (which writes
 and reads checkpoints) share this one definition.
 
-- ``$RLVR_HOME`` (default ``~/.cache/rlvr``) holds ``models/`` and ``checkpoints/``.
+- ``$RLVR_HOME`` (default ``~/.cache/rlvr``) holds ``models/``, ``checkpoints/`` and ``run-index/``.
 - ``rlvr://<run>/weights/<name>`` (``tinker://`` is an alias) names ``$RLVR_HOME/checkpoints/<run>/weights/<name>``;
   any other string is a plain folder path.
 - A training run's checkpoints live in its run folder: :func:`link_run` makes ``$RLVR_HOME/checkpoints/<run>`` a
@@ -13,19 +13,27 @@ and reads checkpoints) share this one definition.
   saved through the Tinker API by a client that is not a run stay real folders under ``$RLVR_HOME/checkpoints``, as
   do those of runs from before run folders owned them.
 
+- The run index (``$RLVR_HOME/run-index``) remembers every run folder made on this machine, wherever it is
+  (``out=``), so ``rlvr runs`` finds them all: one small file per folder, named by a hash of its absolute path and
+  written atomically (:func:`index_run`), so two runs starting at once never write the same file, and a run indexed
+  twice (resumed) stays one entry. :func:`indexed_runs` reads it, removing the entries of folders deleted since.
+
 Not here: what a checkpoint holds and how it is written (``rlvr.engine.checkpoint``), which checkpoints a run keeps
 (``rlvr.rl.checkpoints``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
 from rlvr.errors import CheckpointError
+from rlvr.fileio import write_atomic
 
-__all__ = ["KINDS", "SCHEMES", "checkpoint_root", "folder_size", "link_run", "make_path", "resolve", "rlvr_home",
-           "run_copy"]
+__all__ = ["KINDS", "SCHEMES", "checkpoint_root", "folder_size", "index_run", "indexed_runs", "link_run", "make_path",
+           "resolve", "rlvr_home", "run_copy", "run_index"]
 
 SCHEMES = ("rlvr://", "tinker://")
 KINDS = ("weights", "sampler_weights")
@@ -40,6 +48,41 @@ def rlvr_home() -> Path:
 
 def checkpoint_root() -> Path:
     return rlvr_home() / "checkpoints"
+
+
+def run_index() -> Path:
+    """The folder of the run index: one ``<hash>.json`` per run folder, ``{"path": <its absolute path>}``."""
+    return rlvr_home() / "run-index"
+
+
+RUN_FILES = ("status.json", "config.yaml", "metrics.jsonl")
+"""A folder holding one of these is a run folder (the index forgets a folder that holds none)."""
+
+
+def index_run(run_dir: str | Path) -> Path:
+    """Add ``run_dir`` to the run index (again: no change); returns its entry's file."""
+    folder = Path(run_dir).resolve()
+    index = run_index()
+    index.mkdir(parents=True, exist_ok=True)
+    entry = index / f"{hashlib.sha256(str(folder).encode('utf-8', 'surrogateescape')).hexdigest()[:24]}.json"
+    return write_atomic(entry, json.dumps({"path": str(folder)}, ensure_ascii=True))
+
+
+def indexed_runs() -> list[Path]:
+    """The run folders in the index, in no order; the entries of folders that no longer exist (or hold no run file)
+    are removed, and unreadable entries (not written by :func:`index_run`) skipped."""
+    index = run_index()
+    folders = []
+    for entry in sorted(index.glob("*.json")) if index.is_dir() else []:
+        try:
+            folder = Path(json.loads(entry.read_text())["path"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if folder.is_dir() and any((folder / name).exists() for name in RUN_FILES):
+            folders.append(folder)
+        else:
+            entry.unlink(missing_ok=True)  # a concurrent reader may have removed it first
+    return folders
 
 
 def make_path(run_id: str, kind: str, name: str) -> str:

@@ -118,3 +118,22 @@ def test_off_a_terminal_the_run_console_wraps_no_line(capsys):
     plain = Console(file=io.StringIO())  # rich's own default off a terminal: 80 columns, wrapped
     plain.print(f"run folder: {path}")
     assert len(plain.file.getvalue().splitlines()) > 1
+
+
+def test_the_clipped_warning_starts_above_a_quarter_and_names_the_fix():
+    from rlvr.app.progress import ClippedWatch, clipped_warning
+
+    assert clipped_warning(0.25, 200, "the answers") is None and clipped_warning(None, 200, "the answers") is None
+    assert clipped_warning(0.61, 200, "the answers") == (
+        "warning: 61% of the answers hit max_tokens=200 and were cut off; their rewards judge unfinished answers. "
+        "Raise the budget, e.g. max_tokens=400")
+    console, out = _console(terminal=False)
+    watch = ClippedWatch(console, 16)
+    for share in (0.1, 0.5, 0.9):
+        watch.check("train", share, "the training answers")
+    watch.check("held-out", 0.3, "the held-out answers")
+    assert out.getvalue().splitlines() == [
+        "warning: 50% of the training answers hit max_tokens=16 and were cut off; their rewards judge unfinished "
+        "answers. Raise the budget, e.g. max_tokens=32",
+        "warning: 30% of the held-out answers hit max_tokens=16 and were cut off; their rewards judge unfinished "
+        "answers. Raise the budget, e.g. max_tokens=32"]

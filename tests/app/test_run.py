@@ -210,7 +210,7 @@ def test_python_api_with_warm_up(tmp_path):
     assert json.loads((run / "summary.json").read_text()) == summary
     shown = io.StringIO()
     base = evaluate(settings, console=Console(file=shown, width=200))  # rlvr eval's progress, off a terminal
-    lines = shown.getvalue().splitlines()
+    lines = [line for line in shown.getvalue().splitlines() if not line.startswith("warning: ")]  # cut answers
     assert lines[0] == "answered 0/8  elapsed 0:00", lines
     assert lines[-1].startswith("answered 8/8  ") and "s/problem" in lines[-1] and lines[-1].endswith("ETA 0:00")
     warmed = evaluate(settings, checkpoint=last_checkpoint(run, WARMUP)["state_path"])
@@ -247,3 +247,20 @@ def test_a_source_without_a_held_out_split_is_refused_by_name():
 
     with pytest.raises(ConfigurationError, match=r"TrainOnly has splits \['train'\]; evaluation needs a 'test'"):
         TrainOnly(reward=lambda *a: 0.0).eval_split()
+
+
+def test_a_budget_that_cuts_every_answer_shows_in_the_progress_line_and_warns_once(tmp_path):
+    """max_tokens=1 on tiny: the progress line shows the clipped share, and one warning per kind of answer (training,
+    held-out) says so with the fix."""
+    from rich.console import Console
+
+    out = io.StringIO()
+    rlvr.train({"recipe": "arithmetic", "base_model": "tiny", "steps": 2, "problems_per_step": 2, "group_size": 2,
+                "max_tokens": 1, "eval_problems": 2, "out": str(tmp_path / "run")},
+               console=Console(file=out, force_terminal=False, width=1000))
+    text = out.getvalue()
+    assert "step 2/2  reward" in text and "clipped 1.00" in text
+    train_warning = "warning: 100% of the training answers of step 0 hit max_tokens=1 and were cut off"
+    assert text.count(train_warning) == 1 and "max_tokens=2" in text
+    assert text.count("warning: 100% of the baseline's held-out answers hit max_tokens=1") == 1
+    assert text.count("warning:") == 2  # the trained model's answers are cut as well: held-out was warned already

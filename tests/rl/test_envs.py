@@ -321,7 +321,9 @@ class HeldOutRefine(RefineDataset):
 def test_an_env_dataset_with_held_out_groups_is_evaluated(tmp_path):
     tokenizer = build_tiny_tokenizer()
     result = train(loop_config(tmp_path, steps=2, eval_every=1), HeldOutRefine(tokenizer))
-    assert result["before"].keys() == result["after"].keys() == {"test/reward/mean", "test/correct", "test/turns"}
+    assert result["before"].keys() == result["after"].keys() == {"test/reward/mean", "test/correct", "test/turns",
+                                                                  "test/clipped"}
+    assert 0.0 <= result["before"]["test/clipped"] <= 1.0
     assert result["before"]["test/turns"] == 2  # greedy episodes of the two-turn env
     assert all("test/reward/mean" in m for m in loop_metrics(tmp_path))  # eval_every=1: every step
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rlvr.errors import ConfigurationError
-from rlvr.rl.plot import plot_run
+from rlvr.rl.plot import curves, plot_run
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -22,3 +22,13 @@ def test_plot_refuses_missing_or_unknown_metrics(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0}))
     with pytest.raises(ConfigurationError, match="nothing to plot"):
         plot_run(tmp_path)
+
+
+def test_the_clipped_shares_are_drawn_where_logged(tmp_path):
+    rows = [{"step": i, "env/all/reward/mean": 0.1, "env/all/clipped": i / 4,
+             **({"test/clipped": 0.75} if i == 3 else {})} for i in range(4)]
+    drawn = curves(rows)
+    assert drawn["train answers cut at max_tokens"] == [(0, 0.0), (1, 0.25), (2, 0.5), (3, 0.75)]
+    assert drawn["held-out answers cut at max_tokens"] == [(3, 0.75)]
+    assert "held-out accuracy" not in drawn
+    assert list(curves([{"step": 0, "env/all/reward/mean": 0.1}])) == ["train reward (mean)"]

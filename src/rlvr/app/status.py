@@ -6,7 +6,9 @@ continues it).
         train(..., stop=stop)          # SIGTERM / Ctrl-C set ``stop`` (``stop.py``) inside the block
 
 A stop ends the block with RunInterrupted (``exit_code`` 128 + the signal) after the run is marked and the command
-printed. ``rlvr runs`` reads these files; a run marked running whose process is gone shows as ``died``.
+printed. ``rlvr runs`` reads these files; a run marked running whose process is gone shows as ``died``. Every run
+entering the block (a fresh or resumed ``rlvr train`` or ``rlvr sft`` run) is added to the run index
+(``home.index_run``), so ``rlvr runs`` finds it wherever its folder is.
 
 What it is not: the checkpoint a stop writes (the loop's ``finish_step``, the warm-up's and sft's step callbacks).
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 from rlvr.errors import RunInterrupted
 from rlvr.fileio import write_atomic
+from rlvr.home import index_run, run_index
 from rlvr.rl.stop import StopRequest
 
 __all__ = ["Stopped", "mark", "running", "write_status"]
@@ -67,6 +70,11 @@ def running(run_dir: Path, console: Any, stopped: Callable[[], Stopped], **extra
     """Mark ``run_dir`` running for the block (``extra``: more fields of every status record), with SIGTERM and
     Ctrl-C asking the yielded StopRequest for a clean stop; then finished, failed or interrupted."""
     write_status(run_dir, "running", **extra)
+    try:
+        index_run(run_dir)
+    except OSError as exc:  # the run goes on; only `rlvr runs` run elsewhere misses it
+        logger.warning("could not add %s to the run index under %s (%s); `rlvr runs` lists it only given its parent "
+                       "folder (rlvr runs PARENT)", run_dir, run_index(), exc)
     stop = StopRequest()
     try:
         with stop.on_signals(lambda text: console.print(text, highlight=False, soft_wrap=True)):

@@ -73,6 +73,9 @@ class Transition:
     logprobs: list[float]
     reward: float
     metrics: dict[str, float] = field(default_factory=dict)
+    clipped: bool | None = None
+    """The sampler stopped the action at ``max_tokens`` (or the context's end), not at a stop token: the answer was
+    cut off. None: not known (a turn an outside library played)."""
 
 
 @dataclass
@@ -234,15 +237,25 @@ def batch_positions(index: int, num_batches: int, per_batch: int) -> range:
     return range(index * per_batch, (index + 1) * per_batch)
 
 
+def clipped_share(transitions: Sequence[Transition]) -> float | None:
+    """The share of ``transitions`` whose action the sampler cut at ``max_tokens`` (TRL's clipped ratio), over those
+    where that is known; None when it is known for none."""
+    known = [t.clipped for t in transitions if t.clipped is not None]
+    return sum(known) / len(known) if known else None
+
+
 def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max_tokens: int,
                   max_turns: int) -> dict[str, float]:
-    """Greedy episodes of ``builders``: ``test/reward/mean``, ``test/correct`` (episode reward >= 1), ``test/turns``."""
+    """Greedy episodes of ``builders``: ``test/reward/mean``, ``test/correct`` (episode reward >= 1), ``test/turns``,
+    ``test/clipped`` (the share of turns cut at ``max_tokens``)."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
     groups = rollout_groups(sampling_client, builders, params, max_turns=max_turns, seed=0)
     rewards = [r for g in groups for r in g.total_rewards()]
     turns = [len(t.transitions) for g in groups for t in g.trajectories]
+    clipped = clipped_share([turn for g in groups for t in g.trajectories for turn in t.transitions])
     return {"test/reward/mean": sum(rewards) / len(rewards), "test/turns": sum(turns) / len(turns),
-            "test/correct": sum(r >= 1.0 for r in rewards) / len(rewards)}
+            "test/correct": sum(r >= 1.0 for r in rewards) / len(rewards),
+            **({} if clipped is None else {"test/clipped": clipped})}
 
 
 def sample_together(sampling_client: Any, requests: Sequence[tuple[types.ModelInput, int, types.SamplingParams]]
@@ -304,7 +317,8 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
                 raise RewardError(f"{type(env).__name__}.step returned {type(result).__name__}, not a StepResult")
             env_seconds += time.perf_counter() - started
             transitions[key].append(Transition(observations[key], list(sequence.tokens), list(sequence.logprobs),
-                                               float(result.reward), dict(result.metrics)))
+                                               float(result.reward), dict(result.metrics),
+                                               clipped=sequence.stop_reason == "length"))
             if not result.done:
                 if not result.next_observation:
                     raise ConfigurationError(f"{type(env).__name__}.step returned done=False "

@@ -136,7 +136,8 @@ class _ScoredOnCollect:
             trajectories = []
             for s in sequences:
                 trajectories.append(Trajectory(
-                    [Transition(prompt, list(s.tokens), list(s.logprobs), _reward(scores.scores[i]))],
+                    [Transition(prompt, list(s.tokens), list(s.logprobs), _reward(scores.scores[i]),
+                                clipped=s.stop_reason == "length")],
                     failure="; ".join(failures[i]) if i in failures else None,
                     logs={"problem_id": problem.id, "response": items[i].response,
                           "parts": {name: values[i] for name, values in scores.parts.items()}}))
@@ -172,20 +173,24 @@ def _no_harder(problems: list[Problem], max_difficulty: float, stage: str = "") 
 def evaluate_problems(sampling_client: Any, tokenizer: Any, source: ProblemSource, problems: list[Problem],
                       runner: RewardRunner, max_tokens: int, answered: Callable[[int], None] | None = None
                       ) -> dict[str, float]:
-    """Greedy held-out evaluation: ``test/reward/mean`` and ``test/correct`` (reward >= 1); ``answered`` is given
-    the problems answered so far whenever a batch of answers is in."""
+    """Greedy held-out evaluation: ``test/reward/mean``, ``test/correct`` (reward >= 1) and ``test/clipped`` (the
+    share of answers cut at ``max_tokens``); ``answered`` is given the problems answered so far whenever a batch of
+    answers is in."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
     futures = sample_together(sampling_client, [(types.ModelInput.from_ints(source.render_ids(p, tokenizer)), 1, params)
                                                  for p in problems])
-    responses = []
+    responses, clipped = [], 0
     for i, future in enumerate(futures):  # in order; the engine answers them in batches, shown when a batch is in
-        responses.append(tokenizer.decode(future.result().sequences[0].tokens, skip_special_tokens=True))
+        sequence = future.result().sequences[0]
+        responses.append(tokenizer.decode(sequence.tokens, skip_special_tokens=True))
+        clipped += sequence.stop_reason == "length"
         if answered is not None and (i + 1 == len(futures) or not future_done(futures[i + 1])):
             answered(i + 1)
     scores = runner.score([RewardItem(p.question, r, p.reward_meta()) for p, r in zip(problems, responses,
                                                                                       strict=True)])
     values = [s for s in scores.scores if s is not None]
-    return {**scores.metrics("test/reward"), "test/correct": sum(v >= 1.0 for v in values) / max(len(values), 1)}
+    return {**scores.metrics("test/reward"), "test/correct": sum(v >= 1.0 for v in values) / max(len(values), 1),
+            "test/clipped": clipped / max(len(problems), 1)}
 
 
 def future_done(future: Any) -> bool:

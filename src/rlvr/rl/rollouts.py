@@ -30,7 +30,7 @@ from rlvr import types
 from rlvr.errors import ConfigurationError
 from rlvr.rewards.runner import BatchScores, RewardRunner
 from rlvr.rl.config import LoopConfig
-from rlvr.rl.envs import EnvGroupBuilder, PlayContext, RLDataset, Trajectory
+from rlvr.rl.envs import EnvGroupBuilder, PlayContext, RLDataset, Trajectory, clipped_share
 
 __all__ = ["Rollout", "Rollouts", "check_dataset"]
 
@@ -150,10 +150,17 @@ class Rollouts:
 
     def metrics(self, rollouts: list[Rollout]) -> dict[str, float]:
         """``env/all/...`` over every part of the step: the runner's scores where it scored them, else the episodes'
-        rewards, turns, tokens and the envs' own numbers."""
+        rewards, turns, tokens and the envs' own numbers; and ``env/all/clipped``, the share of sampled turns cut at
+        ``max_tokens`` (left out where no turn says)."""
         if rollouts and all(r.scores is not None for r in rollouts):
-            return _scored_metrics(rollouts)
-        return _episode_metrics(rollouts)
+            metrics = _scored_metrics(rollouts)
+        else:
+            metrics = _episode_metrics(rollouts)
+        clipped = clipped_share([turn for r in rollouts for group in r.trajectories for trajectory in group
+                                 for turn in trajectory.transitions])
+        if clipped is not None:
+            metrics["env/all/clipped"] = clipped
+        return metrics
 
     def step_metrics(self, step: int) -> dict[str, float]:
         """Numbers about what ``step`` trains on: the curriculum stage's hardest difficulty."""
