@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                reason="needs a CUDA GPU")])]
 
 
 def triton_kernels_on(device: str):
