@@ -36,7 +36,7 @@ def _rms_norm_kernel(x, residual, weight, out, n, eps, x_stride, r_stride, o_str
     if HAS_RESIDUAL:
         # the residual stream's add, rounded to its dtype as torch's add rounds, and stored back
         h = (h.to(tl.float32) + tl.load(residual + row * r_stride + cols, mask=inside, other=0.0).to(tl.float32)
-             ).to(h.dtype)
+             ).to(residual.dtype.element_ty)
         tl.store(residual + row * r_stride + cols, h, mask=inside)
     h = h.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n + eps)
@@ -87,9 +87,8 @@ def _rotary_kernel(x, cos, sin, x_row_stride, x_head_stride, c_stride, HALF: tl.
     row = tl.program_id(0)
     base = x + row * x_row_stride + tl.program_id(1) * x_head_stride
     d = tl.arange(0, HALF)
-    x1 = tl.load(base + d)
-    dtype = x1.dtype
-    x1 = x1.to(tl.float32)
+    dtype = x.dtype.element_ty
+    x1 = tl.load(base + d).to(tl.float32)
     x2 = tl.load(base + HALF + d).to(tl.float32)
     c1 = tl.load(cos + row * c_stride + d).to(tl.float32)
     c2 = tl.load(cos + row * c_stride + HALF + d).to(tl.float32)
@@ -152,10 +151,10 @@ def _attention_split_kernel(q, keys, values, lengths, m_out, l_out, acc_out, sca
         total = total * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + cols[:, None] * v_col + d[None, :], mask=seen[:, None], other=0.0)
         if IEEE:  # the weights rounded to the values' dtype, as a bfloat16 product takes them
-            p_v = p.to(v.dtype).to(tl.float32)
+            p_v = p.to(values.dtype.element_ty).to(tl.float32)
             acc = acc * alpha[:, None] + tl.dot(p_v, v.to(tl.float32), input_precision="ieee")
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype.element_ty), v)
         m = m_new
     at = (row * HEADS + heads) * SPLITS + split  # (BLOCK_Q,): an empty split leaves -inf, 0 and zeros
     tl.store(m_out + at, m, mask=live)
@@ -196,6 +195,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     None: ``splits_for``)."""
     rows, heads, d = q.shape
     kv_heads, capacity = keys.shape[1], keys.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"q has {heads} heads, the cache {kv_heads}: query heads must be a multiple of kv heads")
     if d & (d - 1) or d < 16:
         raise ValueError(f"head_dim={d}: the attention kernel takes head sizes that are powers of two, at least 16")
     if q.stride(-1) != 1 or keys.stride(-1) != 1 or values.stride(-1) != 1:
