@@ -21,8 +21,9 @@ kernels round where the modules round, the attention's sums in another order), w
 ``tests/engine/gpu/test_decode.py`` checks for Llama, Qwen2 and Qwen3, with and without LoRA.
 
 Supported: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` with SiLU MLPs, full attention and a
-rotary embedding whose table does not depend on the sequence length, optionally wrapped by peft with plain LoRA
-adapters. Anything else returns ``None`` from ``GpuDecoder.build``.
+rotary embedding whose table does not depend on the sequence length, heads the kernels take (``Kernels.supports``:
+Triton's, powers of two from 16), optionally wrapped by peft with plain LoRA adapters. Anything else returns ``None``
+from ``GpuDecoder.build``.
 
 Not here: choosing tokens (``device_sampler.py``), the kernels (``kernels.py``, ``triton_kernels.py``).
 """
@@ -118,6 +119,9 @@ class GpuDecoder:
             return None
         if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
             return None  # sliding-window layers
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if not kernels.supports(head_dim):
+            return None
         rope_type = str(getattr(causal_lm.model.rotary_emb, "rope_type", ""))
         if "dynamic" in rope_type or rope_type == "longrope":
             return None  # a table that rescales with the sequence's length

@@ -25,6 +25,9 @@ columns up front (never reallocated). What differs:
   graph and replayed at each step; after finished rows leave the batch, it is captured again for the rows left. A
   capture that fails falls back to running the fixed step eagerly, with a warning. On the CPU the fixed step runs
   as it is, which is how the tests check it against the eager forward.
+- **rlvr's own decode step, on request** (``GpuPaths.decode_step``): "triton" or "reference" decode through
+  ``gpu/decode.py``'s step (the prompts' cache handed over to it after the prefill) instead of the model's forward; not
+  captured as a graph yet, and not the default until it is measured on a GPU.
 
 Not here: the CPU's sampler and decoder (``sampler.py``, ``decode.py``); which requests batch together (the engine).
 """
@@ -38,6 +41,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from rlvr.engine.device import GpuPaths, model_device
+from rlvr.engine.gpu.decode import GpuDecoder
 from rlvr.engine.sample.kv_cache import GrowingCache, cache_kwargs
 from rlvr.engine.sample.sampler import SampleJob, Sequence_, draw_uniform, prefill
 
@@ -151,6 +155,10 @@ def sample_batch(
     cache, prompt_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id, width + longest)
     prompt_row = torch.tensor([distinct.index(tuple(jobs[j].prompt)) for j in row_job], device=device)
     cache.batch_select_indices(prompt_row)  # each prompt's keys and values, once per sample
+    decoder = _own_decoder(model, paths.decode_step)
+    if decoder is not None:  # it holds the keys and values from here on
+        decoder.start([(layer.keys, layer.values) for layer in cache.layers], prompt_mask[prompt_row], width + longest)
+        cache = None
     logits = last_logits[prompt_row]  # (L, V)
     vocab = logits.shape[-1]
     padded = bool((prompt_mask == 0).any())
@@ -162,7 +170,8 @@ def sample_batch(
     top_p_any = any(job.settings.top_p < 1 for job in jobs)
     strings = [bool(jobs[j].settings.stop_strings) for j in row_job]
 
-    fixed = _FixedStep(model, cache, mask.bool(), capture=device.type == "cuda") if paths.graphs else None
+    fixed = (_FixedStep(model, cache, mask.bool(), capture=device.type == "cuda") if paths.graphs and decoder is None
+             else None)
     tokens = torch.zeros((len(row_job), longest), dtype=torch.long, device=device)  # (R, T): by result row
     logprobs = torch.zeros((len(row_job), longest), dtype=torch.float32, device=device)
     lengths = torch.zeros(len(row_job), dtype=torch.long, device=device)
@@ -187,10 +196,15 @@ def sample_batch(
             if int(done.sum()) >= COMPACT_FRACTION * len(done):
                 keep = (~done).nonzero().squeeze(-1).to(device)
                 rows, chosen, positions, mask = rows.select(keep), chosen[keep], positions[keep], mask[keep]
-                cache.batch_select_indices(keep)
+                if decoder is not None:
+                    decoder.keep(keep)
+                else:
+                    cache.batch_select_indices(keep)
                 if fixed is not None:
                     fixed = fixed.for_rows(keep)
-        if fixed is not None:
+        if decoder is not None:
+            logits = decoder.step(chosen, positions)
+        elif fixed is not None:
             logits = fixed(chosen, positions, width + step)
         else:
             mask[:, width + step] = 1
@@ -206,6 +220,21 @@ def sample_batch(
         results[j].append(Sequence_(tokens[r, :n].tolist(), logprobs[r, :n].tolist(), "stop" if stopped[r] else
                                     "length"))
     return results
+
+
+def _own_decoder(model: torch.nn.Module, decode_step: str) -> GpuDecoder | None:
+    """rlvr's decode step over ``model`` on the kernels ``decode_step`` names (``GpuPaths.decode_step``), or None for
+    the model's own forward ("hf", or a model that step does not support: with a warning)."""
+    if decode_step == "hf":
+        return None
+    from rlvr.engine.gpu import kernels  # triton loads on this path only
+
+    decoder = GpuDecoder.build(model, kernels.REFERENCE if decode_step == "reference" else kernels.triton_kernels())
+    if decoder is None:
+        warnings.warn(f"GpuPaths.decode_step={decode_step!r} does not support this model ({type(model).__name__}: "
+                      "another architecture, a LoRA variant or head size); it decodes through the model's forward",
+                      RuntimeWarning, stacklevel=3)
+    return decoder
 
 
 class _FixedStep:

@@ -40,6 +40,7 @@ class Kernels:
     swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     rotary_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
     decode_attention: Callable[..., torch.Tensor]
+    supports: Callable[[int], bool] = lambda head_dim: True  # whether the kernels take heads of this size
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -101,4 +102,5 @@ def triton_kernels() -> Kernels:
     except ImportError as exc:
         raise ImportError(f"the GPU decode kernels need triton ({exc}); install it (`pip install triton`, which "
                           "CUDA builds of torch bring along) or use the reference kernels") from exc
-    return Kernels("triton", compiled.rms_norm, compiled.swiglu, compiled.rotary_, compiled.decode_attention)
+    return Kernels("triton", compiled.rms_norm, compiled.swiglu, compiled.rotary_, compiled.decode_attention,
+                   compiled.supports)

@@ -180,6 +180,11 @@ def _attention_reduce_kernel(m_in, l_in, acc_in, out, o_row, o_head, HEADS: tl.c
     tl.store(out + row * o_row + head * o_head + d, result.to(out.dtype.element_ty))
 
 
+def supports(head_dim: int) -> bool:
+    """Whether the kernels take heads of ``head_dim``: a power of two, at least 16 (Triton's products and ranges)."""
+    return head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
 def splits_for(rows: int, kv_heads: int, capacity: int) -> int:
     """Columns per split: enough splits that rows x kv heads x splits fills the GPU (``TARGET_PROGRAMS``), no more
     than ``MAX_SPLITS``, each a multiple of ``BLOCK_COLUMNS``. A function of the shapes only, so a step captured as
@@ -197,7 +202,7 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     kv_heads, capacity = keys.shape[1], keys.shape[2]
     if heads % kv_heads:
         raise ValueError(f"q has {heads} heads, the cache {kv_heads}: query heads must be a multiple of kv heads")
-    if d & (d - 1) or d < 16:
+    if not supports(d):
         raise ValueError(f"head_dim={d}: the attention kernel takes head sizes that are powers of two, at least 16")
     if q.stride(-1) != 1 or keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("decode_attention: q, keys and values need unit stride along head_dim")
