@@ -122,7 +122,7 @@ def _attention_split_kernel(q, keys, values, lengths, m_out, l_out, acc_out, sca
     # products with float32 sums
     """One (row, key/value head, split): the GROUP query heads sharing that head against the split's columns below the
     row's length; writes their running max, sum of exponentials and weighted sum of values (float32)."""
-    row, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row, head, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # 64-bit: caches over 2 GiB
     length = tl.load(lengths + row)
     qi = tl.arange(0, BLOCK_Q)
     d = tl.arange(0, D)
