@@ -241,3 +241,12 @@ def test_a_decode_step_that_cannot_take_the_model_falls_back_with_a_warning():
     with pytest.warns(RuntimeWarning, match="decode_step='triton' does not support this model"):
         seq = sampler.sample(types.ModelInput.from_ints([5, 6]), 1, types.SamplingParams(max_tokens=3, stop=[]))
         assert len(seq.result().sequences[0].tokens) == 3
+
+
+def test_triton_kernels_compiled_for_cuda_are_refused_on_the_cpu(monkeypatch):
+    pytest.importorskip("triton", reason="the Triton decode step needs triton")
+    from rlvr.engine.gpu import kernels
+
+    monkeypatch.setattr(kernels, "triton_interpreted", lambda: False)  # as in a process without TRITON_INTERPRET
+    with pytest.raises(ValueError, match="decode_step='triton' on cpu.*use decode_step='reference'"):
+        ds._own_decoder(torch.nn.Linear(1, 1), "triton", torch.device("cpu"))

@@ -41,9 +41,11 @@ from dataclasses import dataclass, fields
 import torch
 
 from rlvr.engine.device import GpuPaths, model_device
+from rlvr.engine.gpu import kernels
 from rlvr.engine.gpu.decode import GpuDecoder
 from rlvr.engine.sample.kv_cache import GrowingCache, cache_kwargs
 from rlvr.engine.sample.sampler import SampleJob, Sequence_, draw_uniform, prefill
+from rlvr.errors import ConfigurationError
 
 COMPACT_FRACTION = 0.25  # finished rows leave the batch (at a look from the host) once this fraction of it has
 _MASK32 = 0xFFFFFFFF
@@ -152,10 +154,12 @@ def sample_batch(
     row_sample = [s for job in jobs for s in range(job.num_samples)]
     longest = max(job.settings.max_tokens for job in jobs)
     width = max(len(p) for p in distinct)
-    cache, prompt_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id, width + longest)
+    decoder = _own_decoder(model, paths.decode_step, device)
+    # the prompts' cache, reserved for the whole decode unless rlvr's decode step takes it over (into its own buffers)
+    cache, prompt_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id,
+                                              width + longest if decoder is None else 0)
     prompt_row = torch.tensor([distinct.index(tuple(jobs[j].prompt)) for j in row_job], device=device)
     cache.batch_select_indices(prompt_row)  # each prompt's keys and values, once per sample
-    decoder = _own_decoder(model, paths.decode_step)
     if decoder is not None:  # it holds the keys and values from here on
         decoder.start([(layer.keys, layer.values) for layer in cache.layers], prompt_mask[prompt_row], width + longest)
         cache = None
@@ -222,14 +226,18 @@ def sample_batch(
     return results
 
 
-def _own_decoder(model: torch.nn.Module, decode_step: str) -> GpuDecoder | None:
-    """rlvr's decode step over ``model`` on the kernels ``decode_step`` names (``GpuPaths.decode_step``), or None for
-    the model's own forward ("hf", or a model that step does not support: with a warning)."""
+def _own_decoder(model: torch.nn.Module, decode_step: str, device: torch.device) -> GpuDecoder | None:
+    """rlvr's decode step over ``model`` (on ``device``) on the kernels ``decode_step`` names
+    (``GpuPaths.decode_step``), or None for the model's own forward ("hf", or a model that step does not support:
+    with a warning)."""
     if decode_step == "hf":
         return None
-    from rlvr.engine.gpu import kernels  # triton loads on this path only
-
-    decoder = GpuDecoder.build(model, kernels.REFERENCE if decode_step == "reference" else kernels.triton_kernels())
+    chosen = kernels.REFERENCE if decode_step == "reference" else kernels.triton_kernels()  # this imports triton
+    if decode_step == "triton" and device.type != "cuda" and not kernels.triton_interpreted():
+        raise ConfigurationError(f"GpuPaths.decode_step='triton' on {device.type}: Triton's kernels compile for CUDA;"
+                                 " use decode_step='reference' here (or TRITON_INTERPRET=1, set before triton is "
+                                 "imported, for its slow interpreter)")
+    decoder = GpuDecoder.build(model, chosen)
     if decoder is None:
         warnings.warn(f"GpuPaths.decode_step={decode_step!r} does not support this model ({type(model).__name__}: "
                       "another architecture, a LoRA variant or head size); it decodes through the model's forward",

@@ -93,6 +93,13 @@ def triton_available() -> bool:
     return True
 
 
+def triton_interpreted() -> bool:
+    """Whether ``triton_kernels()`` runs in Triton's interpreter (which takes CPU tensors) rather than compiled."""
+    from rlvr.engine.gpu import triton_kernels as compiled
+
+    return compiled.INTERPRETED
+
+
 @functools.cache
 def triton_kernels() -> Kernels:
     """The Triton kernels, compiled for the GPU, or interpreted where ``TRITON_INTERPRET=1`` was set before this first
