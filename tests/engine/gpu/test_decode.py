@@ -30,7 +30,7 @@ def small(architecture: str, adapter: bool, dtype: torch.dtype, device: str, lay
         model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
     if adapter:
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=[
-            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]))
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "lora_B" in name:
