@@ -1,7 +1,10 @@
 """The decode step's kernels against the Hugging Face code they replace (``LlamaRMSNorm`` and the residual add, the
 MLP's SiLU(gate) * up, ``apply_rotary_pos_emb``, SDPA over the cache with ``repeat_kv``), in float32 and bfloat16:
 the plain-torch references exactly or to float32 rounding, the Triton kernels in the interpreter on the CPU and
-compiled on CUDA (``gpu``)."""
+compiled on CUDA (``gpu``); and (``slow``) every kernel compiled ahead of time for an H100, on a machine without one,
+which catches what only the compiler refuses (the interpreter takes the bfloat16 products' branch in float32)."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,3 +165,60 @@ def test_the_module_imports_without_triton_and_says_how_to_get_it(monkeypatch):
     finally:
         monkeypatch.undo()
         importlib.reload(kernels)
+
+
+# Compiles every kernel, as the launchers call them, to a cubin for an H100 (sm_90) with the ptxas triton ships: no
+# GPU needed, only a process where Triton compiles rather than interprets (this one interprets, see conftest.py).
+AHEAD_OF_TIME = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from rlvr.engine.gpu import triton_kernels as k
+
+assert not k.INTERPRETED
+ROWS = {"x_stride": "i32", "r_stride": "i32", "o_stride": "i32"}
+for dt in ("fp32", "bf16"):
+    kernels = [
+        (k._rms_norm_kernel, {"x": f"*{dt}", "residual": f"*{dt}", "weight": f"*{dt}", "out": f"*{dt}", "n": "i32",
+                              "eps": "fp32", **ROWS}, {"HAS_RESIDUAL": True, "BLOCK": 1024}),
+        (k._rms_norm_kernel, {"x": f"*{dt}", "residual": f"*{dt}", "weight": f"*{dt}", "out": f"*{dt}", "n": "i32",
+                              "eps": "fp32", **ROWS}, {"HAS_RESIDUAL": False, "BLOCK": 128}),
+        (k._swiglu_kernel, {"gate": f"*{dt}", "up": f"*{dt}", "out": f"*{dt}", "n": "i32", "g_stride": "i32",
+                            "u_stride": "i32", "o_stride": "i32"}, {"BLOCK": 1024}),
+        (k._rotary_kernel, {"x": f"*{dt}", "cos": f"*{dt}", "sin": f"*{dt}", "x_row_stride": "i32",
+                            "x_head_stride": "i32", "c_stride": "i32"}, {"HALF": 32}),
+        (k._attention_reduce_kernel, {"m_in": "*fp32", "l_in": "*fp32", "acc_in": "*fp32", "out": f"*{dt}",
+                                      "o_row": "i32", "o_head": "i32"},
+         {"HEADS": 14, "D": 64, "SPLITS": 3, "BLOCK_S": 4}),
+    ]
+    # Qwen2.5-0.5B (7 query heads per key/value head, heads of 64), Qwen3 (2 of 128), Llama-3.2-1B (4 of 64)
+    for group, d in ((7, 64), (2, 128), (4, 64)):
+        strides = {name: "i32" for name in ("q_row", "q_head", "k_row", "k_head", "k_col", "v_row", "v_head",
+                                            "v_col")}
+        kernels.append((k._attention_split_kernel, {
+            "q": f"*{dt}", "keys": f"*{dt}", "values": f"*{dt}", "lengths": "*i32", "m_out": "*fp32",
+            "l_out": "*fp32", "acc_out": "*fp32", "scale": "fp32", **strides},
+            {"HEADS": 2 * group, "GROUP": group, "BLOCK_Q": 16, "D": d, "BLOCK_N": k.BLOCK_COLUMNS,
+             "SPLIT": 4 * k.BLOCK_COLUMNS, "SPLITS": 3, "IEEE": dt == "fp32"}))
+    for fn, signature, constants in kernels:
+        signature = {**signature, **{name: "constexpr" for name in constants}}
+        compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"], fn.__name__
+        print("compiled", fn.__name__, dt)
+"""
+
+
+@pytest.mark.slow
+def test_the_kernels_compile_for_an_h100_without_one():
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton", reason="compiling the kernels needs triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[3] / "src"), env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = os.path.join(os.environ.get("RLVR_HOME", "/tmp"), "triton-cache")
+    done = subprocess.run([sys.executable, "-c", AHEAD_OF_TIME], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("compiled") == 2 * 8
