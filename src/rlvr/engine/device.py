@@ -130,9 +130,9 @@ class GpuPaths:
     forward over the columns written so far."""
     decode_step: str = "hf"
     """What runs the sampler's decode steps: "hf", the model's own forward (as ``graphs`` says); "triton", rlvr's
-    decode step on Triton kernels (``gpu/decode.py``; not yet measured against "hf" on a GPU, and not captured as a
-    CUDA graph yet); "reference", that step on the kernels' plain-torch references (what the CPU tests run). A model
-    the step does not support decodes through "hf", with a warning."""
+    decode step on Triton kernels (``gpu/decode.py``, captured as a CUDA graph as ``graphs`` says; not yet measured
+    against "hf" on a GPU); "reference", that step on the kernels' plain-torch references (what the CPU tests run).
+    A model the step does not support decodes through "hf", with a warning."""
 
     def __post_init__(self) -> None:
         for name in ("row_tokens", "logit_chunk", "sync_every"):

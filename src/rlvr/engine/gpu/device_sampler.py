@@ -26,8 +26,9 @@ columns up front (never reallocated). What differs:
   capture that fails falls back to running the fixed step eagerly, with a warning. On the CPU the fixed step runs
   as it is, which is how the tests check it against the eager forward.
 - **rlvr's own decode step, on request** (``GpuPaths.decode_step``): "triton" or "reference" decode through
-  ``gpu/decode.py``'s step (the prompts' cache handed over to it after the prefill) instead of the model's forward; not
-  captured as a graph yet, and not the default until it is measured on a GPU.
+  ``gpu/decode.py``'s step (the prompts' cache handed over to it after the prefill) instead of the model's forward,
+  captured as one CUDA graph per row count as ``GpuPaths.graphs`` says (``_GraphedDecoder``); not the default until
+  it is measured on a GPU.
 
 Not here: the CPU's sampler and decoder (``sampler.py``, ``decode.py``); which requests batch together (the engine).
 """
@@ -174,8 +175,9 @@ def sample_batch(
     top_p_any = any(job.settings.top_p < 1 for job in jobs)
     strings = [bool(jobs[j].settings.stop_strings) for j in row_job]
 
-    fixed = (_FixedStep(model, cache, mask.bool(), capture=device.type == "cuda") if paths.graphs and decoder is None
-             else None)
+    capture = device.type == "cuda" and paths.graphs
+    own = _GraphedDecoder(decoder, len(row_job), device, capture) if decoder is not None else None
+    fixed = _FixedStep(model, cache, mask.bool(), capture=capture) if paths.graphs and decoder is None else None
     tokens = torch.zeros((len(row_job), longest), dtype=torch.long, device=device)  # (R, T): by result row
     logprobs = torch.zeros((len(row_job), longest), dtype=torch.float32, device=device)
     lengths = torch.zeros(len(row_job), dtype=torch.long, device=device)
@@ -200,14 +202,14 @@ def sample_batch(
             if int(done.sum()) >= COMPACT_FRACTION * len(done):
                 keep = (~done).nonzero().squeeze(-1).to(device)
                 rows, chosen, positions, mask = rows.select(keep), chosen[keep], positions[keep], mask[keep]
-                if decoder is not None:
-                    decoder.keep(keep)
+                if own is not None:
+                    own = own.for_rows(keep)
                 else:
                     cache.batch_select_indices(keep)
                 if fixed is not None:
                     fixed = fixed.for_rows(keep)
-        if decoder is not None:
-            logits = decoder.step(chosen, positions)
+        if own is not None:
+            logits = own(chosen, positions)
         elif fixed is not None:
             logits = fixed(chosen, positions, width + step)
         else:
@@ -289,25 +291,70 @@ class _FixedStep:
         return self._capture()
 
     def _capture(self) -> torch.Tensor:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # the warm-up: lazy initialisations happen outside the capture
-            logits = self._forward()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):  # recorded, not run: the cache already holds this step's column
-                self.logits = self._forward()
-        except Exception as exc:  # an op that cannot be captured: the same fixed step, eagerly, from now on
-            warnings.warn(f"rlvr's GPU sampler could not capture its decode step as a CUDA graph ({type(exc).__name__}:"
-                          f" {str(exc)[:200]}); it decodes without graphs, more slowly", RuntimeWarning, stacklevel=2)
-            self.capture, self.logits = False, None
-            torch.cuda.synchronize()
-            return logits
-        self.graph = graph
-        global captures
-        captures += 1
+        logits, self.graph, self.logits = _capture_step(self._forward)
+        self.capture = self.graph is not None
         return logits
+
+
+class _GraphedDecoder:
+    """rlvr's decode step (``decode.GpuDecoder``) over fixed token and position buffers for ``rows`` rows; with
+    ``capture`` (CUDA), its first call runs the step once (which gives that step's logits) and captures it as a CUDA
+    graph, which the later calls replay. The decoder's lengths and caches are its own fixed buffers, advanced in place
+    by every step, until ``keep`` lays them out anew: then ``for_rows`` builds the next one."""
+
+    def __init__(self, decoder: GpuDecoder, rows: int, device: torch.device, capture: bool) -> None:
+        self.decoder, self.capture = decoder, capture
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def for_rows(self, keep: torch.Tensor) -> _GraphedDecoder:
+        """The step for rows ``keep`` only (the decoder keeps them here): new buffers, a new capture."""
+        self.graph = self.logits = None  # frees the old graph's memory before the new one takes its own
+        self.decoder.keep(keep)
+        return _GraphedDecoder(self.decoder, len(keep), self.tokens.device, self.capture)
+
+    def _forward(self) -> torch.Tensor:
+        return self.decoder.step(self.tokens, self.positions)
+
+    def __call__(self, chosen: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The next logits (L, V) float32 of rows that drew ``chosen`` at ``positions``; on a replay the graph's own
+        buffer: read it before the next call."""
+        self.tokens.copy_(chosen)
+        self.positions.copy_(positions)
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        if not self.capture:
+            return self._forward()
+        logits, self.graph, self.logits = _capture_step(self._forward)
+        self.capture = self.graph is not None
+        return logits
+
+
+def _capture_step(forward: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.cuda.CUDAGraph | None,
+                                                                 torch.Tensor | None]:
+    """Run ``forward`` (a decode step over fixed buffers) once, on a side stream, then capture it as a CUDA graph
+    without running it again: this step's logits, the graph and the logits buffer its replays fill. A step that cannot
+    be captured gives (logits, None, None), with a warning: it runs eagerly from then on."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up: lazy initialisations happen outside the capture
+        logits = forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):  # recorded, not run: the cache already holds this step's column
+            replayed = forward()
+    except Exception as exc:  # an op that cannot be captured: the same fixed step, eagerly, from now on
+        warnings.warn(f"rlvr's GPU sampler could not capture its decode step as a CUDA graph ({type(exc).__name__}:"
+                      f" {str(exc)[:200]}); it decodes without graphs, more slowly", RuntimeWarning, stacklevel=3)
+        torch.cuda.synchronize()
+        return logits, None, None
+    global captures
+    captures += 1
+    return logits, graph, replayed
 
 
 captures = 0
