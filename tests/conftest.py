@@ -23,6 +23,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Triton's kernels (engine/gpu/triton_kernels.py) run in its interpreter where no GPU is visible. Triton reads this as
+# triton.language is first imported (transformers imports it), so it is set here, before anything imports that.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from rlvr.model_names import SMOLLM2  # noqa: E402
 
 _real_home = Path(os.environ.get("RLVR_HOME", Path.home() / ".cache" / "rlvr")).expanduser()

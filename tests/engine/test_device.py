@@ -99,6 +99,8 @@ def test_gpu_paths_settings_are_checked():
         GpuPaths(row_tokens=0)
     with pytest.raises(ConfigurationError, match="GpuPaths.sync_every"):
         GpuPaths(sync_every=True)
+    with pytest.raises(ConfigurationError, match="GpuPaths.decode_step='fast': choose 'hf'.*'triton'.*'reference'"):
+        GpuPaths(decode_step="fast")
 
 
 def test_the_process_engine_keeps_its_device(no_gpu, monkeypatch):

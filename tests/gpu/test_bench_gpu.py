@@ -40,10 +40,14 @@ def test_the_gpu_check_dry_run_runs_every_step_and_path_on_the_cpu(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu-check"), "--device", "cpu", "--quick",
                            "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
-    assert {"env.json", "gpu-check.log", "gpu-tests.log", "gpu-bench.log", "gpu-bench.json"} <= {
-        p.name for p in out.iterdir()}
+    assert {"env.json", "gpu-check.log", "gpu-tests.log", "gpu-bench.log", "gpu-bench.json", "gpu-decode.log",
+            "gpu-decode.json"} <= {p.name for p in out.iterdir()}
     report = json.loads((out / "env.json").read_text())
-    assert [s["step"] for s in report["steps"]] == ["gpu tests", "gpu benchmark"]
+    assert [s["step"] for s in report["steps"]] == ["gpu tests", "decode benchmark", "gpu benchmark"]
+    decode = json.loads((out / "gpu-decode.json").read_text())  # bench/gpu_decode.py --smoke: reference kernels
+    assert decode["kernels"] == "reference" and [size["rows"] for size in decode["sizes"]] == [4]
+    assert decode["sizes"][0]["max_logit_diff"] < 1e-4  # float32: the decode step's logits are the forward's
+    assert {"hf_eager", "hf_graph", "rlvr_eager"} <= set(decode["sizes"][0])
     assert report["machine"]["packages"]["torch"] and report["machine"]["cuda_available"] is False
     log = (out / "gpu-bench.log").read_text()
     assert "wrote" in log

@@ -97,3 +97,39 @@ def test_decode_steps_replayed_as_cuda_graphs_equal_the_eager_forward(model, qwe
         for a, b in zip(fixed, eager, strict=True):
             assert a.tokens == b.tokens and len(a.tokens) == n
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("precision", "worst", "mean"), [("float32", 1e-4, 1e-5), ("bfloat16", None, 0.05)])
+def test_rlvrs_decode_step_on_triton_samples_the_trainers_logprobs(precision, worst, mean, qwen3, monkeypatch):
+    # GpuPaths.decode_step="triton": rlvr's decode step on the compiled kernels (engine/gpu/decode.py) instead of
+    # the model's forward, captured as a CUDA graph (again when rows leave: the 3-token rows at the look after step
+    # 3); the sampled logprobs within the same bounds of the trainer's as the forward's are.
+    from rlvr.engine.device import GpuPaths
+    from rlvr.engine.gpu import device_sampler
+    from rlvr.engine.gpu.decode import GpuDecoder
+
+    engine = Engine(device="cuda", precision=precision, gpu_paths=GpuPaths(sync_every=3, decode_step="triton"))
+    tc = trained(engine, qwen3)
+    sampler = tc.save_weights_and_get_sampling_client()
+    steps = []
+    real_step = GpuDecoder.step
+    monkeypatch.setattr(GpuDecoder, "step", lambda self, tokens, positions: (
+        steps.append(len(tokens)), real_step(self, tokens, positions))[1])
+    before = device_sampler.captures
+    prompts = [[5, 6, 7, 8, 9], [40, 41], [90, 91, 92]]
+    futures = [sampler.sample(types.ModelInput.from_ints(p), 4, types.SamplingParams(
+        max_tokens=n, temperature=1.0, stop=[], seed=i)) for i, (p, n) in enumerate(zip(prompts, (20, 3, 12),
+                                                                                           strict=True))]
+    results = [f.result().sequences for f in futures]
+    assert steps and steps[0] == 12, steps  # rlvr's step decoded the batch (the step's calls: one per capture)
+    assert device_sampler.captures >= before + 2, "the decode step was not captured for 12 rows and then for 8"
+    diffs = []
+    for prompt, sequences in zip(prompts, results, strict=True):
+        for seq in sequences:
+            out = tc.forward([rl_datum(prompt, seq.tokens, seq.logprobs, 0.0)], "importance_sampling").result()
+            trainer = out.loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:]
+            diffs.append((trainer - torch.tensor(seq.logprobs)).abs())
+    diffs = torch.cat(diffs)
+    assert float(diffs.mean()) < mean, float(diffs.mean())
+    if worst is not None:
+        assert float(diffs.max()) < worst, float(diffs.max())

@@ -128,12 +128,20 @@ class GpuPaths:
     graph and replayed (again after finished rows leave the batch), which removes the host's per-kernel launch cost;
     on the CPU the same fixed step runs as it is (the tests check it there). False: each step is the model's eager
     forward over the columns written so far."""
+    decode_step: str = "hf"
+    """What runs the sampler's decode steps: "hf", the model's own forward (as ``graphs`` says); "triton", rlvr's
+    decode step on Triton kernels (``gpu/decode.py``, captured as a CUDA graph as ``graphs`` says; not yet measured
+    against "hf" on a GPU); "reference", that step on the kernels' plain-torch references (what the CPU tests run).
+    A model the step does not support decodes through "hf", with a warning."""
 
     def __post_init__(self) -> None:
         for name in ("row_tokens", "logit_chunk", "sync_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigurationError(f"GpuPaths.{name} must be a positive integer, got {value!r}")
+        if self.decode_step not in ("hf", "triton", "reference"):
+            raise ConfigurationError(f"GpuPaths.decode_step={self.decode_step!r}: choose 'hf' (the model's forward), "
+                                     "'triton' (rlvr's decode step on Triton kernels) or 'reference'")
 
 
 def model_device(model: torch.nn.Module) -> torch.device:

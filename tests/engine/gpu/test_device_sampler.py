@@ -11,6 +11,7 @@ from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.device import GpuPaths
 from rlvr.engine.gpu import device_sampler as ds
+from rlvr.engine.gpu.decode import GpuDecoder
 from rlvr.engine.sample.kv_cache import GrowingCache
 
 
@@ -200,13 +201,20 @@ def _trained_client(paths: GpuPaths):
     return tc
 
 
-def test_fixed_steps_decode_as_the_eager_forward_does_through_padding_interleaving_and_compaction():
-    # The fixed step (GpuPaths.graphs: what CUDA captures as a graph) against the eager forward over the columns so
-    # far: prompts of three lengths (left padding), one prompt queued apart from itself (rows of a prompt not
-    # side by side), and rows ending at 2, 5 and 13 tokens, so finished rows leave the batch twice between looks
-    # (every 3 steps) and the fixed step is rebuilt for the rows left. Same tokens, the same logprobs, and those
-    # equal to the trainer's.
-    clients = [_trained_client(GpuPaths(sync_every=3, row_tokens=64, graphs=graphs)) for graphs in (True, False)]
+@pytest.mark.parametrize("paths", [GpuPaths(sync_every=3, row_tokens=64, graphs=True),
+                                   GpuPaths(sync_every=3, row_tokens=64, decode_step="reference")],
+                         ids=["fixed", "rlvr-decode-step"])
+def test_fixed_steps_decode_as_the_eager_forward_does_through_padding_interleaving_and_compaction(paths, monkeypatch):
+    # The fixed step (GpuPaths.graphs: what CUDA captures as a graph), and rlvr's own decode step on the reference
+    # kernels (GpuPaths.decode_step), against the eager forward over the columns so far: prompts of three lengths
+    # (left padding), one prompt queued apart from itself (rows of a prompt not side by side), and rows ending at 2,
+    # 5 and 13 tokens, so finished rows leave the batch twice between looks (every 3 steps) and the step is rebuilt
+    # (or its rows kept) for the rows left. Same tokens, the same logprobs, and those equal to the trainer's.
+    clients = [_trained_client(p) for p in (paths, GpuPaths(sync_every=3, row_tokens=64, graphs=False))]
+    own_steps = []  # rows of each step rlvr's decode step ran (none for the fixed step)
+    real_step = GpuDecoder.step
+    monkeypatch.setattr(GpuDecoder, "step", lambda self, tokens, positions: (
+        own_steps.append(len(tokens)), real_step(self, tokens, positions))[1])
     prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [5, 6, 7, 8, 9, 10, 11], [90, 91, 92, 93]]
     lengths = [13, 2, 5, 13]
     results = []
@@ -221,6 +229,9 @@ def test_fixed_steps_decode_as_the_eager_forward_does_through_padding_interleavi
             assert a.tokens == b.tokens and len(a.tokens) == n
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
             assert (_trainer_logprobs(clients[0], prompt, a) - torch.tensor(a.logprobs)).abs().max() < 1e-4
+    # rlvr's step ran each of the first batch's steps (12 rows; 3 leave at the look after step 3, 3 more after
+    # step 6; the 13th draw needs no step), and nothing else did
+    assert own_steps == ([12] * 2 + [9] * 3 + [6] * 7 if paths.decode_step != "hf" else [])
 
 
 def test_a_watched_request_gets_its_tokens_at_each_look_and_a_cancel_ends_its_rows(gpu_paths_client):
@@ -243,3 +254,21 @@ def test_a_watched_request_gets_its_tokens_at_each_look_and_a_cancel_ends_its_ro
     watch = Watch(cancel_at_first_look)
     cut = sampler.sample_watched(watch, prompt, 2, params).result()
     assert [len(s.tokens) for s in cut.sequences] == [3, 3] and {s.stop_reason for s in cut.sequences} == {"length"}
+
+
+def test_a_decode_step_that_cannot_take_the_model_falls_back_with_a_warning():
+    pytest.importorskip("triton", reason="the Triton decode step needs triton")
+    tc = _trained_client(GpuPaths(sync_every=3, row_tokens=64, decode_step="triton"))  # tiny: heads of 24
+    sampler = tc.save_weights_and_get_sampling_client()
+    with pytest.warns(RuntimeWarning, match="decode_step='triton' does not support this model"):
+        seq = sampler.sample(types.ModelInput.from_ints([5, 6]), 1, types.SamplingParams(max_tokens=3, stop=[]))
+        assert len(seq.result().sequences[0].tokens) == 3
+
+
+def test_triton_kernels_compiled_for_cuda_are_refused_on_the_cpu(monkeypatch):
+    pytest.importorskip("triton", reason="the Triton decode step needs triton")
+    from rlvr.engine.gpu import kernels
+
+    monkeypatch.setattr(kernels, "triton_interpreted", lambda: False)  # as in a process without TRITON_INTERPRET
+    with pytest.raises(ValueError, match="decode_step='triton' on cpu.*use decode_step='reference'"):
+        ds._own_decoder(torch.nn.Linear(1, 1), "triton", torch.device("cpu"))

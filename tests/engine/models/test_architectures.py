@@ -1,6 +1,7 @@
 """Llama 3, Qwen2 / Qwen2.5 and Qwen3 from local Hugging Face folders (random weights, written here, no download):
 each loads through ``base_model=<folder>``, takes LoRA on the modules it should, trains a step, samples, and its
-sampler's logprobs equal its trainer's, on the CPU paths and on the GPU paths (run on the CPU)."""
+sampler's logprobs equal its trainer's, on the CPU paths and on the GPU paths (run on the CPU), there also through
+rlvr's own decode step."""
 
 import pytest
 import torch
@@ -27,9 +28,12 @@ def folders(tmp_path_factory):
     return {arch: str(write_model_folder(small_config(arch), root / arch, seed=1)) for arch in MARKS}
 
 
-@pytest.fixture(scope="module", params=["cpu paths", "gpu paths"])
+@pytest.fixture(scope="module", params=["cpu paths", "gpu paths", "gpu paths, rlvr's decode step"])
 def service(request):
-    paths = GpuPaths(row_tokens=64, sync_every=4) if request.param == "gpu paths" else None
+    """An engine on the CPU paths, on the GPU paths, or on the GPU paths decoding through rlvr's own step (the
+    reference kernels: ``gpu/decode.py``, ``GpuPaths.decode_step``)."""
+    paths = None if request.param == "cpu paths" else GpuPaths(
+        row_tokens=64, sync_every=4, decode_step="reference" if "decode step" in request.param else "hf")
     return rlvr.ServiceClient(Engine(device="cpu", gpu_paths=paths)), paths is not None
 
 

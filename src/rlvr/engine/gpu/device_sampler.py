@@ -26,6 +26,10 @@ columns up front (never reallocated). What differs:
   graph and replayed at each step; after finished rows leave the batch, it is captured again for the rows left. A
   capture that fails falls back to running the fixed step eagerly, with a warning. On the CPU the fixed step runs
   as it is, which is how the tests check it against the eager forward.
+- **rlvr's own decode step, on request** (``GpuPaths.decode_step``): "triton" or "reference" decode through
+  ``gpu/decode.py``'s step (the prompts' cache handed over to it after the prefill) instead of the model's forward,
+  captured as one CUDA graph per row count as ``GpuPaths.graphs`` says (``_GraphedDecoder``); not the default until
+  it is measured on a GPU.
 
 Not here: the CPU's sampler and decoder (``sampler.py``, ``decode.py``); which requests batch together (the engine).
 """
@@ -39,8 +43,11 @@ from dataclasses import dataclass, fields
 import torch
 
 from rlvr.engine.device import GpuPaths, model_device
+from rlvr.engine.gpu import kernels
+from rlvr.engine.gpu.decode import GpuDecoder
 from rlvr.engine.sample.kv_cache import GrowingCache, cache_kwargs
 from rlvr.engine.sample.sampler import SampleJob, Sequence_, draw_uniform, prefill
+from rlvr.errors import ConfigurationError
 
 COMPACT_FRACTION = 0.25  # finished rows leave the batch (at a look from the host) once this fraction of it has
 _MASK32 = 0xFFFFFFFF
@@ -149,9 +156,15 @@ def sample_batch(
     row_sample = [s for job in jobs for s in range(job.num_samples)]
     longest = max(job.settings.max_tokens for job in jobs)
     width = max(len(p) for p in distinct)
-    cache, prompt_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id, width + longest)
+    decoder = _own_decoder(model, paths.decode_step, device)
+    # the prompts' cache, reserved for the whole decode unless rlvr's decode step takes it over (into its own buffers)
+    cache, prompt_mask, last_logits = prefill(model, [list(p) for p in distinct], pad_id,
+                                              width + longest if decoder is None else 0)
     prompt_row = torch.tensor([distinct.index(tuple(jobs[j].prompt)) for j in row_job], device=device)
     cache.batch_select_indices(prompt_row)  # each prompt's keys and values, once per sample
+    if decoder is not None:  # it holds the keys and values from here on
+        decoder.start([(layer.keys, layer.values) for layer in cache.layers], prompt_mask[prompt_row], width + longest)
+        cache = None
     logits = last_logits[prompt_row]  # (L, V)
     vocab = logits.shape[-1]
     padded = bool((prompt_mask == 0).any())
@@ -165,7 +178,9 @@ def sample_batch(
     watched = any(job.watch is not None for job in jobs)
     handed = [0] * len(row_job)  # by result row: tokens handed to its request's watch so far
 
-    fixed = _FixedStep(model, cache, mask.bool(), capture=device.type == "cuda") if paths.graphs else None
+    capture = device.type == "cuda" and paths.graphs
+    own = _GraphedDecoder(decoder, len(row_job), device, capture) if decoder is not None else None
+    fixed = _FixedStep(model, cache, mask.bool(), capture=capture) if paths.graphs and decoder is None else None
     tokens = torch.zeros((len(row_job), longest), dtype=torch.long, device=device)  # (R, T): by result row
     logprobs = torch.zeros((len(row_job), longest), dtype=torch.float32, device=device)
     lengths = torch.zeros(len(row_job), dtype=torch.long, device=device)
@@ -192,10 +207,15 @@ def sample_batch(
             if int(done.sum()) >= COMPACT_FRACTION * len(done):
                 keep = (~done).nonzero().squeeze(-1).to(device)
                 rows, chosen, positions, mask = rows.select(keep), chosen[keep], positions[keep], mask[keep]
-                cache.batch_select_indices(keep)
+                if own is not None:
+                    own = own.for_rows(keep)
+                else:
+                    cache.batch_select_indices(keep)
                 if fixed is not None:
                     fixed = fixed.for_rows(keep)
-        if fixed is not None:
+        if own is not None:
+            logits = own(chosen, positions)
+        elif fixed is not None:
             logits = fixed(chosen, positions, width + step)
         else:
             mask[:, width + step] = 1
@@ -211,6 +231,25 @@ def sample_batch(
         results[j].append(Sequence_(tokens[r, :n].tolist(), logprobs[r, :n].tolist(), "stop" if stopped[r] else
                                     "length"))
     return results
+
+
+def _own_decoder(model: torch.nn.Module, decode_step: str, device: torch.device) -> GpuDecoder | None:
+    """rlvr's decode step over ``model`` (on ``device``) on the kernels ``decode_step`` names
+    (``GpuPaths.decode_step``), or None for the model's own forward ("hf", or a model that step does not support:
+    with a warning)."""
+    if decode_step == "hf":
+        return None
+    chosen = kernels.REFERENCE if decode_step == "reference" else kernels.triton_kernels()  # this imports triton
+    if decode_step == "triton" and device.type != "cuda" and not kernels.triton_interpreted():
+        raise ConfigurationError(f"GpuPaths.decode_step='triton' on {device.type}: Triton's kernels compile for CUDA;"
+                                 " use decode_step='reference' here (or TRITON_INTERPRET=1, set before triton is "
+                                 "imported, for its slow interpreter)")
+    decoder = GpuDecoder.build(model, chosen)
+    if decoder is None:
+        warnings.warn(f"GpuPaths.decode_step={decode_step!r} does not support this model ({type(model).__name__}: "
+                      "another architecture, a LoRA variant or head size); it decodes through the model's forward",
+                      RuntimeWarning, stacklevel=3)
+    return decoder
 
 
 class _FixedStep:
@@ -257,25 +296,70 @@ class _FixedStep:
         return self._capture()
 
     def _capture(self) -> torch.Tensor:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # the warm-up: lazy initialisations happen outside the capture
-            logits = self._forward()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):  # recorded, not run: the cache already holds this step's column
-                self.logits = self._forward()
-        except Exception as exc:  # an op that cannot be captured: the same fixed step, eagerly, from now on
-            warnings.warn(f"rlvr's GPU sampler could not capture its decode step as a CUDA graph ({type(exc).__name__}:"
-                          f" {str(exc)[:200]}); it decodes without graphs, more slowly", RuntimeWarning, stacklevel=2)
-            self.capture, self.logits = False, None
-            torch.cuda.synchronize()
-            return logits
-        self.graph = graph
-        global captures
-        captures += 1
+        logits, self.graph, self.logits = _capture_step(self._forward)
+        self.capture = self.graph is not None
         return logits
+
+
+class _GraphedDecoder:
+    """rlvr's decode step (``decode.GpuDecoder``) over fixed token and position buffers for ``rows`` rows; with
+    ``capture`` (CUDA), its first call runs the step once (which gives that step's logits) and captures it as a CUDA
+    graph, which the later calls replay. The decoder's lengths and caches are its own fixed buffers, advanced in place
+    by every step, until ``keep`` lays them out anew: then ``for_rows`` builds the next one."""
+
+    def __init__(self, decoder: GpuDecoder, rows: int, device: torch.device, capture: bool) -> None:
+        self.decoder, self.capture = decoder, capture
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def for_rows(self, keep: torch.Tensor) -> _GraphedDecoder:
+        """The step for rows ``keep`` only (the decoder keeps them here): new buffers, a new capture."""
+        self.graph = self.logits = None  # frees the old graph's memory before the new one takes its own
+        self.decoder.keep(keep)
+        return _GraphedDecoder(self.decoder, len(keep), self.tokens.device, self.capture)
+
+    def _forward(self) -> torch.Tensor:
+        return self.decoder.step(self.tokens, self.positions)
+
+    def __call__(self, chosen: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The next logits (L, V) float32 of rows that drew ``chosen`` at ``positions``; on a replay the graph's own
+        buffer: read it before the next call."""
+        self.tokens.copy_(chosen)
+        self.positions.copy_(positions)
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        if not self.capture:
+            return self._forward()
+        logits, self.graph, self.logits = _capture_step(self._forward)
+        self.capture = self.graph is not None
+        return logits
+
+
+def _capture_step(forward: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.cuda.CUDAGraph | None,
+                                                                 torch.Tensor | None]:
+    """Run ``forward`` (a decode step over fixed buffers) once, on a side stream, then capture it as a CUDA graph
+    without running it again: this step's logits, the graph and the logits buffer its replays fill. A step that cannot
+    be captured gives (logits, None, None), with a warning: it runs eagerly from then on."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up: lazy initialisations happen outside the capture
+        logits = forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):  # recorded, not run: the cache already holds this step's column
+            replayed = forward()
+    except Exception as exc:  # an op that cannot be captured: the same fixed step, eagerly, from now on
+        warnings.warn(f"rlvr's GPU sampler could not capture its decode step as a CUDA graph ({type(exc).__name__}:"
+                      f" {str(exc)[:200]}); it decodes without graphs, more slowly", RuntimeWarning, stacklevel=3)
+        torch.cuda.synchronize()
+        return logits, None, None
+    global captures
+    captures += 1
+    return logits, graph, replayed
 
 
 captures = 0
