@@ -81,7 +81,8 @@ def test_a_process_that_loaded_triton_exits_without_leak_reports(tmp_path):
     # triton's bindings (nanobind) report every object of theirs still alive at exit; transformers imports triton
     # wherever it is installed (the dev extra), so such a process runs the last collection after all.
     pytest.importorskip("triton", reason="triton is not installed (the dev extra on x86-64 Linux has it)")
-    code = "import rlvr, triton._C.libtriton\nprint('end')\n"
+    code = ("from rlvr import startup\nstartup.import_modules('transformers.models.llama.modeling_llama')\n"
+            "import triton._C.libtriton\nprint('end')\n")  # objects frozen after the imports, as a command has
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)

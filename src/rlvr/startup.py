@@ -54,6 +54,7 @@ def skip_the_last_collection() -> None:
 
 def _leave_to_the_operating_system() -> None:
     if "triton._C.libtriton" in sys.modules:
-        return  # triton's nanobind bindings print each object left alive at exit as a leak: let the last collection run
+        gc.unfreeze()  # triton's nanobind bindings print each object left alive at exit as a leak: let the last
+        return  # collection take every object, those frozen after the imports too
     gc.collect(1)  # cycles that became garbage lately (a run's last objects) are still finalized: a few milliseconds
     gc.freeze()
