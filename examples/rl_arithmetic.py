@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from rlvr.rewards import resolve_reward
 from rlvr.rl import LoopConfig, train
 from rlvr.tasks.arithmetic import ArithmeticSource
 
@@ -21,9 +22,10 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
-    # One-digit addition and subtraction; the model answers with a number, graded by math_correct.
+    # One-digit addition and subtraction; the model is asked for only the number, and math_correct credits a reply
+    # that is just that (answer_form="whole").
     source = ArithmeticSource(levels=(1,), num_train=120, num_test=64, instruction="Answer with only the number.",
-                              reward="math_correct")
+                              reward=resolve_reward("math_correct", answer_form="whole"))
     config = LoopConfig(base_model="smollm2-135m", steps=args.steps, problems_per_step=4, group_size=8,
                         max_tokens=16, learning_rate=2e-4, eval_problems=64, save_every=10, out=args.out,
                         resume=args.resume, seed=0)
