@@ -44,7 +44,8 @@ from rlvr.engine.train.optim import check_params_for, config_of, kind_of, kind_o
 from rlvr.errors import ConfigurationError
 from rlvr.precision import base_precision, run_default_precision
 
-__all__ = ["LORA_ALPHA", "SamplingClient", "ServiceClient", "TrainingClient", "run_precision"]
+__all__ = ["LORA_ALPHA", "SamplingClient", "ServiceClient", "TrainingClient", "check_base_model", "check_loss",
+           "run_precision"]
 
 
 def _async_of(method: Callable[..., Any], awaited: bool = False) -> Callable[..., Any]:
@@ -382,6 +383,33 @@ def run_precision(precision: str | None, base_model: str) -> str:
 
     native = native_bfloat16()  # where it is not, the model's size is not even read
     return run_default_precision(linear_parameters(base_model) if native else None, native)
+
+
+def check_base_model(base_model: str) -> None:
+    """ConfigurationError / ModelLoadError unless ``base_model`` names something that can load, checked before any
+    model loads (``engine/models/load.py`` ``check_base_model``)."""
+    from rlvr.engine.models.load import check_base_model as check
+
+    check(base_model)
+
+
+def check_loss(loss_fn: str, loss_fn_config: Mapping[str, Any] | None, inputs: frozenset[str]) -> None:
+    """ConfigurationError unless ``loss_fn`` is a built-in loss (the loss table, ``engine/train/losses.py``) whose
+    ``loss_fn_inputs`` a caller that makes ``inputs`` (besides ``target_tokens``) can feed, and ``loss_fn_config``
+    holds only its keys, with values that fit it; the error names the losses that fit, and a near one."""
+    from rlvr.engine.train.losses import LOSSES, resolve_loss
+
+    usable = sorted(name for name, spec in LOSSES.items() if set(spec.inputs) <= inputs and not spec.provenance)
+    if loss_fn in LOSSES and loss_fn not in usable:
+        raise ConfigurationError(f"loss_fn={loss_fn!r} needs loss_fn_inputs the RL loop does not make "
+                                 f"({sorted(LOSSES[loss_fn].inputs)}); choose one of {usable}")
+    if loss_fn not in LOSSES:
+        import difflib
+
+        close = difflib.get_close_matches(str(loss_fn), usable, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigurationError(f"loss_fn={loss_fn!r} is not a built-in loss{hint}; choose one of {usable}")
+    resolve_loss(loss_fn, dict(loss_fn_config or {}))
 
 
 def _engine(engine: Engine | None, precision: str | None, device: str | torch.device | None = None) -> Engine:

@@ -22,7 +22,7 @@ def test_eval_warns_when_it_has_fewer_problems_than_asked(tmp_path):
     assert "warning: 2 problems asked, but the 'test' split holds 1: evaluating 1" in result.stderr
     assert "problems             1" in result.stdout
     quiet = runner.invoke(app, [*args, "--problems", "1"])
-    assert quiet.exit_code == 0 and "warning" not in quiet.output, quiet.output
+    assert quiet.exit_code == 0 and "problems asked" not in quiet.output, quiet.output  # (the clipped warning stays)
 
 
 def test_eval_refuses_a_split_with_no_problems_before_the_model_loads(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ class ScriptedSampler:
     def sample(self, prompt, num_samples, params):
         self.prompts.append(prompt.to_ints())
         tokens = self.tokenizer.encode(self.responses.pop(0)) + [self.tokenizer.eos_token_id]
-        sequence = SimpleNamespace(tokens=tokens, logprobs=[0.0] * len(tokens))
+        sequence = SimpleNamespace(tokens=tokens, logprobs=[0.0] * len(tokens), stop_reason="stop")
         return SimpleNamespace(result=lambda: SimpleNamespace(sequences=[sequence]))
 
 

@@ -47,7 +47,7 @@ def check_run(config: TrainConfig) -> Any:
         for split in source.splits():  # every record mapped to a problem: a missing field fails here
             source.problems(split)
     check_loss(config.loss_fn, config.loss_fn_config)
-    from rlvr.engine.models.load import check_base_model
+    from rlvr.client import check_base_model
 
     check_base_model(config.base_model)
     return source
@@ -56,19 +56,9 @@ def check_run(config: TrainConfig) -> Any:
 def check_loss(loss_fn: str, loss_fn_config: dict[str, Any] | None) -> None:
     """ConfigurationError unless ``loss_fn`` is a built-in loss the RL loop can train with and ``loss_fn_config``
     fits it (its keys, their values)."""
-    from rlvr.engine.train.losses import LOSSES, resolve_loss
+    from rlvr import client
 
-    usable = sorted(name for name, spec in LOSSES.items() if set(spec.inputs) <= RL_INPUTS and not spec.provenance)
-    if loss_fn in LOSSES and loss_fn not in usable:
-        raise ConfigurationError(f"loss_fn={loss_fn!r} needs loss_fn_inputs the RL loop does not make "
-                                 f"({sorted(LOSSES[loss_fn].inputs)}); choose one of {usable}")
-    if loss_fn not in LOSSES:
-        import difflib
-
-        close = difflib.get_close_matches(str(loss_fn), usable, n=1, cutoff=0.5)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigurationError(f"loss_fn={loss_fn!r} is not a built-in loss{hint}; choose one of {usable}")
-    resolve_loss(loss_fn, loss_fn_config)
+    client.check_loss(loss_fn, loss_fn_config, RL_INPUTS)
 
 
 def check_out(out: str | os.PathLike) -> None:

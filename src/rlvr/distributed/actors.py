@@ -148,6 +148,10 @@ class SamplerActor(RestartableActor):
         handle, _ = self._ensure(key, digest, files_box)
         return self._engine.run(self._engine.compute_logprobs, handle, types.ModelInput.from_ints(tokens))
 
+    def compute_topk_logprobs(self, key: str, digest: str, files_box: list[Any], tokens: list[int], k: int) -> Any:
+        handle, _ = self._ensure(key, digest, files_box)
+        return self._engine.run(self._engine.compute_topk_logprobs, handle, types.ModelInput.from_ints(tokens), k)
+
     # -- adapters -------------------------------------------------------------------------------------------------
 
     def _ensure(self, key: str, digest: str, files_box: list[Any]) -> tuple[SamplerHandle, str]:

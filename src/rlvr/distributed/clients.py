@@ -320,6 +320,23 @@ class RaySamplingClient(_SelfFuture):
 
     compute_logprobs_async = _async_of(compute_logprobs, awaited=True)
 
+    def sample_watched(self, watch: Any, prompt: types.ModelInput, num_samples: int,
+                       sampling_params: types.SamplingParams, topk_sample_logprobs: int = 0
+                       ) -> ActorFuture[types.SampleResponse]:
+        """``sample``, as the in-process client's ``sample_watched`` is called; a replica answers a sample whole, so
+        ``watch`` is handed no tokens as they are drawn and its ``cancel`` does not stop the replica (a stream from
+        Ray carries each choice whole at its end)."""
+        if topk_sample_logprobs:
+            raise ConfigurationError("topk_sample_logprobs is not supported on Ray's sampler replicas; leave it 0")
+        return self.sample(prompt, num_samples, sampling_params)
+
+    def compute_topk_logprobs(self, prompt: types.ModelInput, k: int) -> ActorFuture[Any]:
+        """``compute_logprobs`` and the ``k`` most likely tokens at each prompt position after the first, scored by
+        one replica's forward (the in-process client's ``compute_topk_logprobs``)."""
+        return self._request("compute_topk_logprobs", prompt.to_ints(), k)
+
+    compute_topk_logprobs_async = _async_of(compute_topk_logprobs, awaited=True)
+
     def get_tokenizer(self) -> Any:
         return self.service.tokenizer_for(self._base_model)
 

@@ -184,7 +184,7 @@ def _params(req: SamplingRequest, max_tokens: int | None) -> types.SamplingParam
 async def _sample(client: SamplingClient, prompt: list[int], req: SamplingRequest, max_tokens: int | None,
                   top: int, field: str, watch: Watch | None = None) -> types.SampleResponse:
     """Sample ``prompt``, the request's ``field`` (``prompt`` or ``messages``) as tokens, handing ``watch`` the tokens
-    as they are drawn (a client without ``sample_watched``, such as the distributed ones, hands it none); the
+    as they are drawn (the distributed clients, and one without ``sample_watched``, hand it none); the
     engine's refusals of the prompt (a token outside the vocabulary, a prompt that fills the context) name that
     field. ``max_tokens=0`` (an echo that only scores its prompt) gives ``req.n`` empty sequences."""
     if max_tokens == 0:

@@ -18,7 +18,7 @@ The structure follows the CPU's decode step (``engine/cpu/decode.py``), with wha
 Prompts are prefilled by the model's own forward (``sampler.prefill``); ``start`` takes the cache it returns. A
 row's logits equal the model's forward with a cache up to the rounding of its dtype (float32: ~1e-5; bfloat16: the
 kernels round where the modules round, the attention's sums in another order), which
-``tests/engine/gpu/test_decode.py`` checks for Llama, Qwen2 and Qwen3, with and without LoRA.
+``tests/engine/gpu/test_gpu_decode.py`` checks for Llama, Qwen2 and Qwen3, with and without LoRA.
 
 Supported: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` with SiLU MLPs, full attention and a
 rotary embedding whose table does not depend on the sequence length, heads the kernels take (``Kernels.supports``:
