@@ -97,8 +97,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     # score_answer. The preset task.config belongs to the preset task.name: naming another dataset starts from
     # that dataset's defaults. Default: one-digit a + b / a - b (basic_arithmetic), picked among chain_sum,
     # leg_counting, gcd and basic_arithmetic as the one whose SmolLM2 baseline is in 10-60% (0.23 of 48; chain_sum
-    # 0.08, leg_counting 0.00, gcd 0.10), with the arithmetic recipe's loop settings. Measured: held-out 0.344 ->
-    # 0.688 (64 problems, greedy) in 20 steps, 1 min 21 s (docs/training.md).
+    # 0.08, leg_counting 0.00, gcd 0.10; graded then by the last number), with the arithmetic recipe's loop
+    # settings. Results: docs/training.md.
     "reasoning-gym": {
         "base_model": "smollm2-135m", "steps": 20, "problems_per_step": 4, "group_size": 8, "max_tokens": 16,
         "learning_rate": 2e-4, "eval_problems": 64, "save_every": 10,
