@@ -1,8 +1,12 @@
 """Math answer checking: find the final answer in a response and decide whether it equals the reference.
 
-What it is: :func:`extract_answer` (the last ``\\boxed{...}``, else a GSM8K ``#### x`` line, else
-"the answer is x", else the last number), :func:`answers_match`, and the rewards ``boxed_answer`` (format:
-a ``\\boxed{}`` is present) and ``math_correct`` (1.0 when the answer equals ``meta["answer"]``, else 0.0).
+What it is: :func:`extract_answer` (the answer a response states in one of :data:`FORMS`: the last
+``\\boxed{...}``, a final-answer line such as GSM8K's ``#### x`` or "the answer is x", or the whole reply; never a
+number picked out of prose), :func:`answers_match`, and the rewards ``boxed_answer`` (format: a ``\\boxed{}`` is
+present) and ``math_correct`` (1.0 when the stated answer equals ``meta["answer"]``, else 0.0).
+
+Invariant: a response is credited only for an answer it states; an answer that hedges (``3 or 4``), scales
+(``4 thousand``), sits in a wrong equation (``2 + 3 = 4``) or among prose the reference lacks never matches.
 
 How answers are compared, cheapest first:
     1. equal strings after normalisation (``$``, ``\\%``, spacing, ``\\dfrac``, thousands separators: ``1,000``

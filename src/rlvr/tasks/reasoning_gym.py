@@ -11,8 +11,8 @@ seed + num_train + parts`` and the test seeds ``test_seed ..`` must not meet, an
 also a test question is dropped. Problems are scored by the dataset's own ``score_answer`` through the
 ``reasoning_gym`` reward (``rlvr.rewards.reasoning_gym``), so timeouts and failures are counted like any reward's.
 The prompt is the dataset's question plus an instruction matching ``answer_format``: ``final`` (the default: asks for
-``\\boxed{}``, and takes the last number where there is none; for numeric answers), ``answer_tag``
-(``<answer>...</answer>``) or ``plain`` (the whole response is the answer).
+``\\boxed{}``, else takes a final-answer line or the whole reply, never a number out of prose; for numeric
+answers), ``answer_tag`` (``<answer>...</answer>``) or ``plain`` (the whole response is the answer).
 
 What it is not: reasoning-gym's curricula or its multi-turn games; the package itself is an extra
 (``pip install 'rlvr[reasoning-gym]'``), imported only when a source is built.
