@@ -31,6 +31,21 @@ def trained(engine: Engine, base_model: str):
     return tc
 
 
+def assert_near_the_trainers(tc, prompts, results, mean: float, worst: float | None) -> None:
+    """The sampled logprobs of ``results`` (each prompt's sequences) differ from ``tc``'s forward by less than
+    ``mean`` on average and ``worst`` at most (None: unbounded)."""
+    diffs = []
+    for prompt, sequences in zip(prompts, results, strict=True):
+        for seq in sequences:
+            out = tc.forward([rl_datum(prompt, seq.tokens, seq.logprobs, 0.0)], "importance_sampling").result()
+            trainer = out.loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:]
+            diffs.append((trainer - torch.tensor(seq.logprobs)).abs())
+    diffs = torch.cat(diffs)
+    assert float(diffs.mean()) < mean, float(diffs.mean())
+    if worst is not None:
+        assert float(diffs.max()) < worst, float(diffs.max())
+
+
 @pytest.mark.parametrize(("precision", "worst", "mean"), [("float32", 1e-4, 1e-5), ("bfloat16", None, 0.05)])
 @pytest.mark.parametrize("model", ["tiny", "qwen3"])
 def test_sampler_logprobs_equal_the_trainers(precision, worst, mean, model, qwen3):
@@ -40,16 +55,7 @@ def test_sampler_logprobs_equal_the_trainers(precision, worst, mean, model, qwen
     prompts = [tok.encode(text) for text in ("a", "a longer prompt", "mid size")]
     params = [types.SamplingParams(max_tokens=24, temperature=t, seed=s) for t, s in ((1.0, 1), (0.7, 2), (1.0, 3))]
     futures = [sampler.sample(types.ModelInput.from_ints(p), 4, sp) for p, sp in zip(prompts, params, strict=True)]
-    diffs = []
-    for prompt, future in zip(prompts, futures, strict=True):
-        for seq in future.result().sequences:
-            out = tc.forward([rl_datum(prompt, seq.tokens, seq.logprobs, 0.0)], "importance_sampling").result()
-            trainer = out.loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:]
-            diffs.append((trainer - torch.tensor(seq.logprobs)).abs())
-    diffs = torch.cat(diffs)
-    assert float(diffs.mean()) < mean, float(diffs.mean())
-    if worst is not None:
-        assert float(diffs.max()) < worst, float(diffs.max())
+    assert_near_the_trainers(tc, prompts, [f.result().sequences for f in futures], mean, worst)
 
 
 def test_seeds_reproduce_and_stops_stop_on_cuda():
@@ -123,13 +129,4 @@ def test_rlvrs_decode_step_on_triton_samples_the_trainers_logprobs(precision, wo
     results = [f.result().sequences for f in futures]
     assert steps and steps[0] == 12, steps  # rlvr's step decoded the batch (the step's calls: one per capture)
     assert device_sampler.captures >= before + 2, "the decode step was not captured for 12 rows and then for 8"
-    diffs = []
-    for prompt, sequences in zip(prompts, results, strict=True):
-        for seq in sequences:
-            out = tc.forward([rl_datum(prompt, seq.tokens, seq.logprobs, 0.0)], "importance_sampling").result()
-            trainer = out.loss_fn_outputs[0]["logprobs"].to_torch()[len(prompt) - 1:]
-            diffs.append((trainer - torch.tensor(seq.logprobs)).abs())
-    diffs = torch.cat(diffs)
-    assert float(diffs.mean()) < mean, float(diffs.mean())
-    if worst is not None:
-        assert float(diffs.max()) < worst, float(diffs.max())
+    assert_near_the_trainers(tc, prompts, results, mean, worst)
