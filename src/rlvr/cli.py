@@ -135,11 +135,10 @@ def train(
     import dataclasses
 
     from rlvr.app.checks import check_run
-    from rlvr.app.run import train as run
-    from rlvr.app.run import with_run_folder
+    from rlvr.app.run import train_checked, with_run_folder
 
     resolved = with_run_folder(_config(recipe, config, data, overrides, quick=quick))
-    check_run(resolved)  # before the model loads
+    source = check_run(resolved)  # before the model loads and the loop's imports
     if check:
         import yaml
 
@@ -148,7 +147,7 @@ def train(
                    err=True)
         return
     startup.import_modules("rlvr.rl.loop")
-    run(resolved)
+    train_checked(resolved, source)
 
 
 @app.command()

@@ -41,13 +41,18 @@ from rlvr.precision import base_precision
 from rlvr.rl.config import save_config
 from rlvr.rl.stop import StopRequest
 
-__all__ = ["resume", "train", "with_run_folder"]
+__all__ = ["resume", "train", "train_checked", "with_run_folder"]
 
 def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overrides: list[str] | None = None,
           console: Any = None) -> dict[str, Any]:
     """Run RL as ``rlvr train``: returns ``{"before", "after", "summary", "run_dir", ...}``."""
     config = with_run_folder(as_config(config, overrides))
-    source = check_run(config)  # everything that can be checked without the model, before it loads
+    return train_checked(config, check_run(config), console)  # checked without the model, before it loads
+
+
+def train_checked(config: TrainConfig, source: Any, console: Any = None) -> dict[str, Any]:
+    """:func:`train` on a ``config`` that ``checks.check_run`` passed, with the problem source it returned (``rlvr
+    train`` checks before the loop's imports, then comes here, so nothing is checked twice)."""
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
