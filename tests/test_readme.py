@@ -1,6 +1,6 @@
 """The README's commands are ones rlvr takes: every ``./rlvr`` line of its shell blocks names a command and options
 the CLI has, with settings (``key=value``) that resolve to a valid config; every Python block compiles; every link
-to a file of the repository and every path of its file map (and of the whole map in ``docs/layout.md``) exists.
+to a file of the repository and every path of its file map (and of the whole map in ``docs/architecture.md``) exists.
 
 What this cannot see: whether a command's run succeeds (the recipes, the loop and the server have their own tests)."""
 
@@ -20,7 +20,7 @@ from rlvr.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
-LAYOUT = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")  # the whole file map
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")  # the whole file map
 RUN = "runs/arithmetic-20261123-014534"  # the run folder the README's examples name
 
 
@@ -80,7 +80,7 @@ def _file_map_paths(text: str) -> list[str]:
     return paths
 
 
-@pytest.mark.parametrize("name, text", [("README.md", README), ("docs/layout.md", LAYOUT)])
+@pytest.mark.parametrize("name, text", [("README.md", README), ("docs/architecture.md", ARCHITECTURE)])
 def test_every_linked_file_and_file_map_path_exists(name, text):
     links = re.findall(r"\]\(((?:docs|examples|bench|src|tests)/[^)#\s]+)", text) if name == "README.md" else []
     missing = [p for p in links + _file_map_paths(text) if not (ROOT / p).exists()]
