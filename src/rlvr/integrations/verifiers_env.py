@@ -31,8 +31,9 @@ than ``"auto"`` or ``"none"``, a tool name OpenAI would not take: the run stops 
 it), held-out evaluation of the env's ``eval_dataset``. verifiers 0.4 has no classic API: its v1 tasksets train
 through ``verifiers_v1.py``.
 
-Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which DESIGN.md's arrows allow (the RL layer
-must not import torch or ``rlvr.engine``); it does so inside functions, so importing it never needs fastapi.
+Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which the layers allow (the RL layer must not
+import torch or ``rlvr.engine``: ``docs/architecture.md``); it does so inside functions, so importing it never needs
+fastapi.
 """
 
 from __future__ import annotations
