@@ -107,7 +107,9 @@ def broken_links(path: Path, root: Path) -> list[str]:
     the file it names does not have."""
     text = path.read_text(encoding="utf-8")
     found = []
-    for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", text, flags=re.S)):
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    definitions = re.findall(r"^ {0,3}\[[^\]]+\]: *(\S+)", prose, flags=re.M)  # reference links: [x]: target
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose) + definitions:
         if re.match(r"[a-z]+:", target):
             continue  # https:, mailto:
         file, _, fragment = target.partition("#")
@@ -142,7 +144,8 @@ def test_planted_broken_links_are_seen(tmp_path):
     (tmp_path / "docs" / "b.md").write_text("# B\n## Current figures\n")
     page = tmp_path / "README.md"
     page.write_text("[ok](docs/b.md#current-figures) [gone](docs/c.md) [moved](docs/b.md#history) "
-                    "[here](#b) [web](https://example.com/x#y)\n# Top\n")
+                    "[here](#b) [web](https://example.com/x#y) [ref][r]\n# Top\n\n[r]: docs/b.md#b-1\n")
     assert broken_links(page, tmp_path) == ["README.md: docs/c.md (no such file)",
                                             "README.md: docs/b.md#history (no such heading)",
-                                            "README.md: #b (no such heading)"]
+                                            "README.md: #b (no such heading)",
+                                            "README.md: docs/b.md#b-1 (no such heading)"]
