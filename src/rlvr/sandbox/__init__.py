@@ -12,8 +12,7 @@ programs in a pool of warm fork servers, without root, Docker or network::
 
 Whole programs run as :class:`ScriptJob` (``sandbox.run_scripts``: exit status and output, no tests),
 ``sandbox.submit`` queues one job from any thread, and ``rlvr sandbox serve`` (``fusion``) answers SandboxFusion's
-``/run_code`` with them. ``rlvr sandbox doctor`` reports which layers are active on a machine; a missing one is
-warned about once per process.
+``/run_code`` with them. ``rlvr sandbox doctor`` shows which layers are active; a missing one is warned about once.
 
 Contract: each job runs in a forked child of a fork server (``server``) under rlimits, in a private size-capped
 folder, as ``nobody`` when root, under Landlock and seccomp where the machine has them and optionally in ``bwrap``,
@@ -21,9 +20,8 @@ with a wall-clock timeout that kills its process group and everything it left be
 allocates, forks, floods output, fills the disk, writes outside its folder, reaches the network or the host's
 sockets, or signals the trainer is stopped or contained, and the next job runs. A test passes only when the fork
 server receives that test's fresh secret (``harness``), so ending early, printing markers or patching builtins never
-passes. Not covered: a program written against the harness that reads the secrets from its own memory, weak tests,
-kernel exploits, and what a missing layer would have stopped. The layers and the whole threat model:
-``docs/sandbox.md``.
+passes. Not covered: a program that reads the secrets from its own memory, weak tests, kernel exploits, and what a
+missing layer would have stopped. The layers and the whole threat model: ``docs/sandbox.md``.
 """
 
 from rlvr.sandbox.backend import SandboxBackend

@@ -10,21 +10,18 @@ layout a kernel reads fastest. The kernels ("kinds") this module packs for and c
 - ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for;
 - ``bf16x1``: rlvr's AMX kernel as one bfloat16 product summed in float32, with bfloat16 and ``RLVR_MATMUL=bf16x1``.
 
-Invariants: the kind a use gets (``fastest_kind``) is a fixed preference, not a timing, so every process of a
-machine (two runs of one seed, a resume, a Ray replica and the driver) rounds alike; ``RLVR_MATMUL`` fixes it
-(``plain``, ``mkl``, ``mkldnn``, ``fma``, ``bf16x3``, ``bf16x1``) or asks for ``timed``, and each kind gives a seed
-its own trajectory. Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer
-(``pack_frozen_linears``: a packed weight and its packed transpose for every frozen ``nn.Linear``; never MKL's, the
-FMA or the AMX kernel's float32 form). In bfloat16 both users multiply on one kernel (``bfloat16_kind``), so they
-compute a token's logprob alike. A model is packed only where its copies fit in ``PACK_MEMORY_FRACTION`` of the
-machine's memory (``packs_fit``), the same answer in every process of a machine.
+Invariants: the kind a use gets (``fastest_kind``) is a fixed preference, not a timing, so every process of a machine
+(two runs of one seed, a resume, a Ray replica and the driver) rounds alike; ``RLVR_MATMUL`` fixes it or asks for
+``timed``, and each kind gives a seed its own trajectory. Two users: the sampler's decode steps (``decode.py`` packs its
+fused projections) and the trainer (``pack_frozen_linears``: a packed weight and its packed transpose for every frozen
+``nn.Linear``; never MKL's, the FMA or the AMX kernel's float32 form). In bfloat16 both users multiply on one kernel
+(``bfloat16_kind``), so they compute a token's logprob alike. A model is packed only where its copies fit in
+``PACK_MEMORY_FRACTION`` of the machine's memory (``packs_fit``), the same answer in every process of a machine.
 
 Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default;
-``precision="bfloat16"`` runs every frozen base matmul, trainer and sampler alike, on ``bfloat16_kind``'s kernel,
-and the two then agree only to bfloat16 rounding. What each kind measured and what was tried instead:
-``docs/performance.md`` ("Prepacked matmuls").
-
-Not here: which weights are fused (``decode.py``), LoRA (``lora.py``), the AMX kernel itself (``amx_linear.py``).
+``precision="bfloat16"`` runs every frozen base matmul on ``bfloat16_kind``'s kernel, and the sampler and the trainer
+then agree only to bfloat16 rounding. What each kind measured: ``docs/performance.md`` ("Prepacked matmuls"). Not
+here: which weights are fused (``decode.py``), LoRA (``lora.py``), the AMX kernel itself (``amx_linear.py``).
 """
 
 from __future__ import annotations
