@@ -1,5 +1,7 @@
-"""The layers of /work/shared/DESIGN.md hold: no module of ``rlvr`` imports what its layer must not, none imports the
-package face (``rlvr/__init__.py``: it imports the library, never the other way), and no two modules import each other.
+"""The layers of ``docs/architecture.md`` hold: no module of ``rlvr`` imports what its layer must not, none imports the
+package face (``rlvr/__init__.py``: it imports the library, never the other way), no two modules import each other,
+and each name has one import path. ``RULES`` is that page's table of layers, row for row, and a test checks the two
+say the same.
 
 Every module under ``src/rlvr`` is parsed with ``ast`` (nothing is imported or run), and every import in it is an
 arrow: module-level or inside a function, class or ``if TYPE_CHECKING`` block, ``import x``, ``from x import y``
@@ -12,6 +14,7 @@ uses ``rlvr.client``, which imports torch, is the design (the RL layer drives th
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,56 +23,54 @@ from pathlib import Path
 import rlvr
 
 SRC = Path(rlvr.__file__).parent  # the rlvr under test (the worktree's src, first on sys.path)
+ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"  # where the rules are written for people
 
 ALL_BUT_RAY_HOMES = ("rlvr", ("rlvr.distributed", "rlvr.cli"))
+TORCH_FREE = ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client")
+BELOW_THE_WORKER = "the engine's sub-packages sit below the worker"
 
-# importer (a prefix; with exemptions) | forbidden targets | where DESIGN.md says so
+# importer (a prefix; with exemptions) | forbidden targets | why: docs/architecture.md's "Layers" table, row for row
 RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
-    ("rlvr.rl", ("torch", "rlvr.engine"),
-     "packages: rl/ must not 'import torch or `rlvr.engine` (a test enforces it)'; 'the RL layer never touches "
-     "torch modules directly, only the client API'"),
-    ("rlvr.app", ("torch", "rlvr.engine"),
-     "packages: the run application is the RL layer's too: it must not 'import torch or `rlvr.engine`'"),
+    ("rlvr.rl", ("torch", "rlvr.engine", "rlvr.app", "rlvr.integrations"),
+     "the loop library drives only the client API; the run application and the integrations sit on it"),
+    ("rlvr.app", ("torch", "rlvr.engine"), "the run application is RL layer: client API only"),
     ("rlvr.integrations", ("torch", "rlvr.engine", "rlvr.app"),
-     "packages: the integrations are the RL layer's too (no torch, no engine), and sit on the loop library, beside "
-     "the run application, which may use them"),
-    ("rlvr.rl", ("rlvr.app", "rlvr.integrations"),
-     "the RL layer's rooms: the loop library sits below the run application and the integrations; 'Arrows point "
-     "down only'"),
-    ("rlvr.engine", ("rlvr.rewards", "rlvr.rl", "rlvr.server", "rlvr.tasks", "rlvr.sandbox", "rlvr.distributed"),
-     "packages: engine/ must not 'import rewards, envs, the server'; 'Arrows point down only. The engine knows "
-     "nothing of rewards or environments'"),
-    ("rlvr.sandbox", ("torch", "rlvr.rl", "rlvr.engine", "rlvr.server"),
-     "packages: sandbox/ must not 'import torch'; 'Arrows point down only'"),
+     "RL layer, on the loop library, beside the run application (which may use them)"),
     ("rlvr.rewards", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.server"),
-     "packages: rewards/ holds the registry and grading (no model); 'The engine knows nothing of rewards', "
-     "'Arrows point down only'"),
-    ("rlvr.tasks", ("rlvr.engine", "rlvr.rl", "rlvr.server"),
-     "packages: tasks/ must not 'sample or train'; 'Arrows point down only'"),
-    ("rlvr.client", ("rlvr.rl", "rlvr.server", "rlvr.rewards"),
-     "diagram: rlvr.rl and rlvr.server sit above rlvr.client; 'Arrows point down only'"),
-    ("rlvr.precision", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
-     "packages: rl/ must not 'import torch': rlvr.precision is what rl/ and engine/ share, so it stays torch-free"),
-    ("rlvr.metrics", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
-     "packages: rl/ must not 'import torch': rlvr.metrics is what rl/ and engine/ share, so it stays torch-free"),
-    ("rlvr.fileio", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
-     "packages: rl/ must not 'import torch': rlvr.fileio is what every layer writes run files with"),
-    ("rlvr.model_names", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
-     "packages: rl/ must not 'import torch': rlvr.model_names is what rl/ and engine/ share, so it stays torch-free"),
-    ("rlvr.engine.gpu", ("rlvr.engine.cpu",),
-     "the engine's rooms: the GPU paths never load the CPU kernels (a CUDA engine imports none of them)"),
-    ("rlvr.engine.cpu", ("rlvr.engine.gpu",), "the engine's rooms: the CPU kernels know nothing of the GPU paths"),
+     "grading needs no model; the engine knows nothing of rewards"),
+    ("rlvr.tasks", ("rlvr.engine", "rlvr.rl", "rlvr.server"), "problem sources neither sample nor train"),
+    ("rlvr.sandbox", ("torch", "rlvr.rl", "rlvr.engine", "rlvr.server"), "it runs programs; it sits under the rewards"),
+    ("rlvr.client", ("rlvr.rl", "rlvr.server", "rlvr.rewards"), "the clients sit below the loop and the server"),
+    ("rlvr.engine", ("rlvr.rewards", "rlvr.rl", "rlvr.server", "rlvr.tasks", "rlvr.sandbox", "rlvr.distributed"),
+     "the engine knows nothing of rewards, environments or the server"),
+    ("rlvr.precision", TORCH_FREE, "shared by the RL layer and the engine, so torch-free"),
+    ("rlvr.metrics", TORCH_FREE, "shared by the RL layer and the engine, so torch-free"),
+    ("rlvr.fileio", TORCH_FREE, "every layer writes run files with it, so torch-free"),
+    ("rlvr.model_names", TORCH_FREE, "shared by the RL layer and the engine, so torch-free"),
+    ("rlvr.home", TORCH_FREE, "where the RL layer and the engine find checkpoints, so torch-free"),
     (("rlvr.engine", ("rlvr.engine.engine", "rlvr.engine.gpu")), ("rlvr.engine.gpu",),
-     "the engine's rooms: the GPU paths are chosen in one place, the worker (engine.py)"),
-    *((f"rlvr.engine.{room}", ("rlvr.engine.engine", "rlvr.engine.sample_queue"),
-       "the engine's rooms: models/, train/, sample/, cpu/ and gpu/ sit below the worker; arrows point down only")
-      for room in ("models", "train", "sample", "cpu", "gpu")),
-    ("rlvr.home", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
-     "packages: rl/ must not 'import torch': rlvr.home is where rl/ and engine/ find checkpoints (a run prunes and "
-     "measures its own), so it stays torch-free"),
-    (ALL_BUT_RAY_HOMES, ("ray", "vllm"),
-     "packages: distributed/ holds 'Ray actors ... vLLM sampler backend' and must not 'be required on a laptop'"),
+     "the GPU paths are chosen in one place, the worker"),
+    ("rlvr.engine.gpu", ("rlvr.engine.cpu",), "a CUDA engine loads none of the CPU kernels"),
+    ("rlvr.engine.cpu", ("rlvr.engine.gpu",), "the CPU kernels know nothing of the GPU paths"),
+    *((f"rlvr.engine.{sub}", ("rlvr.engine.engine", "rlvr.engine.sample_queue"), BELOW_THE_WORKER)
+      for sub in ("models", "train", "sample", "cpu", "gpu")),
+    (ALL_BUT_RAY_HOMES, ("ray", "vllm"), "Ray and vLLM are extras, never needed on a laptop"),
 ]
+
+
+def documented_rules(text: str) -> list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]]:
+    """The rows of the table headed ``| importer | must not import | why |`` in ``text``, as ``RULES`` writes them:
+    an importer cell that reads "a except b, c" (each name in backticks) is ``("a", ("b", "c"))``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\|\s*importer\s*\|\s*must not import\s*\|", line))
+    rules = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        importer, forbidden, why = (cell.strip() for cell in line.strip().strip("|").split("|"))
+        layer, *exempt = re.findall(r"`([^`]+)`", importer)
+        rules.append(((layer, tuple(exempt)) if exempt else layer, tuple(re.findall(r"`([^`]+)`", forbidden)), why))
+    return rules
 
 
 @dataclass(frozen=True)
@@ -215,12 +216,23 @@ def reexports(package_dir: Path) -> list[str]:
 def test_rlvr_keeps_its_layers():
     assert SRC.name == "rlvr" and (SRC / "engine").is_dir()
     found = violations(SRC)
-    assert not found, "forbidden imports (DESIGN.md, 'Packages'):\n" + "\n".join(found)
+    assert not found, "forbidden imports (docs/architecture.md, 'Layers'):\n" + "\n".join(found)
 
 
 def test_no_module_imports_the_package_face():
     found = face_imports(SRC)
-    assert not found, "imports of the package face (DESIGN.md: arrows point down only):\n" + "\n".join(found)
+    assert not found, "imports of the package face (docs/architecture.md: arrows point down only):\n" + "\n".join(found)
+
+
+def test_the_architecture_page_states_these_rules():
+    # A person reads the rules in docs/architecture.md; this test enforces RULES: the two say the same, row for row.
+    assert documented_rules(ARCHITECTURE.read_text(encoding="utf-8")) == RULES
+
+
+def test_a_planted_difference_between_page_and_rules_is_seen():
+    page = ARCHITECTURE.read_text(encoding="utf-8")
+    assert documented_rules(page.replace("| `rlvr.tasks` | `rlvr.engine`, ", "| `rlvr.tasks` | ", 1)) != RULES
+    assert documented_rules(page.replace("`rlvr` except `rlvr.distributed`, `rlvr.cli`", "`rlvr`", 1)) != RULES
 
 
 def test_no_two_modules_import_each_other():
@@ -301,7 +313,7 @@ def test_planted_forbidden_imports_are_caught(tmp_path):
         "rlvr/server/app.py:1: rlvr.server.app imports vllm, which rlvr must not import (outside rlvr.distributed, "
         "rlvr.cli)",
     ]
-    assert found[0].endswith("'Arrows point down only. The engine knows nothing of rewards or environments']")
+    assert found[0].endswith("[the engine knows nothing of rewards, environments or the server]")
 
 
 def test_relative_imports_resolve_against_the_importer():

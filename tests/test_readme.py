@@ -1,6 +1,6 @@
 """The README's commands are ones rlvr takes: every ``./rlvr`` line of its shell blocks names a command and options
 the CLI has, with settings (``key=value``) that resolve to a valid config; every Python block compiles; every link
-to a file of the repository and every path of its file map (and of the whole map in ``docs/layout.md``) exists.
+to a file of the repository and every path of its file map (and of the whole map in ``docs/architecture.md``) exists.
 
 What this cannot see: whether a command's run succeeds (the recipes, the loop and the server have their own tests)."""
 
@@ -20,7 +20,7 @@ from rlvr.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
-LAYOUT = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")  # the whole file map
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")  # the whole file map
 RUN = "runs/arithmetic-20261123-014534"  # the run folder the README's examples name
 
 
@@ -80,8 +80,61 @@ def _file_map_paths(text: str) -> list[str]:
     return paths
 
 
-@pytest.mark.parametrize("name, text", [("README.md", README), ("docs/layout.md", LAYOUT)])
+@pytest.mark.parametrize("name, text", [("README.md", README), ("docs/architecture.md", ARCHITECTURE)])
 def test_every_linked_file_and_file_map_path_exists(name, text):
     links = re.findall(r"\]\(((?:docs|examples|bench|src|tests)/[^)#\s]+)", text) if name == "README.md" else []
     missing = [p for p in links + _file_map_paths(text) if not (ROOT / p).exists()]
     assert not missing, f"{name} names paths that do not exist: {missing}"
+
+
+MAX_FIGURES = 8  # headline figures the README keeps; the rest live in docs/benchmarks.md
+MAX_LINE = 200  # characters on a line of the figures table
+
+
+def figures_table(text: str) -> list[str]:
+    """The lines of the first table under the ``## Benchmarks`` heading of ``text``."""
+    section = text.split("\n## Benchmarks\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    start = next(i for i, line in enumerate(section) if line.startswith("|"))
+    end = next((i for i in range(start, len(section)) if not section[i].startswith("|")), len(section))
+    return section[start:end]
+
+
+def figure_problems(text: str) -> list[str]:
+    """What is wrong with the figures table of ``text``: more than ``MAX_FIGURES`` rows, a line over ``MAX_LINE``
+    characters, a row without a command in backticks, or one whose result does not link a section of
+    ``docs/benchmarks.md`` (inline, or through a reference definition ``[label]: target``)."""
+    table = figures_table(text)
+    references = dict(re.findall(r"^\[([^\]]+)\]: *(\S+)", text, flags=re.M))
+    rows = table[2:]
+    problems = [f"{len(rows)} figures, at most {MAX_FIGURES}: move the rest to docs/benchmarks.md"] * (
+        len(rows) > MAX_FIGURES)
+    for row in rows:
+        what, command, result = (cell.strip() for cell in row.strip().strip("|").split(" | "))
+        if len(row) > MAX_LINE:
+            problems.append(f"{what}: a line of {len(row)} characters, at most {MAX_LINE}")
+        if not re.fullmatch(r"`[^`]+`( .*)?", command):
+            problems.append(f"{what}: no command")
+        targets = re.findall(r"\]\(([^)]+)\)", result) + [references.get(label, "")
+                                                            for label in re.findall(r"\]\[([^\]]+)\]", result)]
+        if not any(t.startswith("docs/benchmarks.md#") for t in targets):
+            problems.append(f"{what}: no link to its section of docs/benchmarks.md")
+    return problems
+
+
+def test_the_figures_table_keeps_a_few_short_linked_rows():
+    assert len(figures_table(README)) > 2
+    assert figure_problems(README) == []
+
+
+def test_planted_figure_problems_are_seen():
+    header = "## Benchmarks\n\n| what | command | result |\n|---|---|---|\n"
+    row = "| f{} | `bench/x.py` | [1.0x][x] (Xeon) |\n"
+    refs = "\n[x]: docs/benchmarks.md#x\n\n## Files\n"
+    assert figure_problems("\n" + header + row.format(0) * MAX_FIGURES + refs) == []
+    assert figure_problems("\n" + header + row.format(0) * (MAX_FIGURES + 1) + refs) == [
+        f"{MAX_FIGURES + 1} figures, at most {MAX_FIGURES}: move the rest to docs/benchmarks.md"]
+    long = f"| long | `bench/x.py {'-' * MAX_LINE}` | [1.0x](docs/benchmarks.md#x) |\n"
+    bare = "| bare | bench/x.py | 1.0x |\n| elsewhere | `bench/x.py` | [1.0x](docs/performance.md#x) |\n"
+    assert figure_problems("\n" + header + long + bare + refs) == [
+        f"long: a line of {len(long) - 1} characters, at most {MAX_LINE}", "bare: no command",
+        "bare: no link to its section of docs/benchmarks.md", "elsewhere: no link to its section of docs/benchmarks.md"]

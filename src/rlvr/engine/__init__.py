@@ -1,5 +1,5 @@
 """The engine: models, LoRA, losses, optimizer, sampler and checkpoints, in PyTorch. See ``engine.py`` (and its
-docstring for the rooms: ``models/``, ``train/``, ``sample/``, ``cpu/``, ``gpu/``)."""
+docstring for the sub-packages: ``models/``, ``train/``, ``sample/``, ``cpu/``, ``gpu/``)."""
 
 from rlvr.engine.engine import Engine
 from rlvr.engine.train.losses import LOSSES

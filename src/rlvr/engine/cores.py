@@ -1,17 +1,15 @@
 """How many CPU threads an engine computes on when other rlvr processes on the machine compute too.
 
-torch's OpenMP threads spin while they wait for each other. Two processes that each run as many threads as the
-machine has cores take turns on the cores mid-spin, and each runs several times slower than half its speed alone
-(``bench/two_processes.py`` on 2 cores: a SmolLM2-135M training step 0.64 s alone, 13.8 s beside another process,
-0.95 s when each takes one thread). So each engine that computes says so in ``$RLVR_HOME/busy/`` (one file per
-process, touched at most once a second while it works), and before each job, and every second of a long decode, it
-counts the other processes whose file was touched in the last two seconds and takes ``threads // (1 + others)``
-threads (at least one), where ``threads`` is torch's count when the engine started. Alone, it keeps them all.
+torch's OpenMP threads spin while they wait for each other. Two processes that each run as many threads as the machine
+has cores take turns on the cores mid-spin, and each runs several times slower than half its speed alone
+(``docs/performance.md``, "Two processes on one machine"). So each engine that computes says so in ``$RLVR_HOME/busy/``
+(one file per process, touched at most once a second while it works), and before each job, and every second of a long
+decode, it counts the other processes whose file was touched in the last two seconds and takes ``threads // (1 +
+others)`` threads (at least one), where ``threads`` is torch's count when the engine started. Alone, it keeps them all.
 
-``RLVR_THREADS=N`` fixes this process's count instead (it still marks itself computing, so the others share with
-it). A sum split over 1 thread or 2 rounds differently in the last bits
-(a gradient differs by ~1e-5), so two runs of one seed end bit for bit alike only at a fixed count; the test suite
-fixes it for that reason.
+``RLVR_THREADS=N`` fixes this process's count instead (it still marks itself computing, so the others share with it). A
+sum split over 1 thread or 2 rounds differently in the last bits, so two runs of one seed end bit for bit alike only at
+a fixed count; the test suite fixes it for that reason.
 
 Not here: GPU engines (their CPU threads only feed the device, and are left alone), or processes that are not rlvr
 engines (the reward sandbox, other programs).

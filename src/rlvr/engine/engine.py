@@ -13,7 +13,7 @@ that picks the paths: on CUDA (or on a CPU given ``GpuPaths``) training packs da
 and sampling keeps its state on the device (``gpu/device_sampler.py``); a CPU engine otherwise shares prompts'
 compute (``train/prefix.py``) and decodes on its own kernels (``sample/sampler.py`` with ``cpu/decode.py``).
 
-The engine's rooms: this worker with its sampling queue (``sample_queue.py``), share of the cores (``cores.py``),
+The engine's parts: this worker with its sampling queue (``sample_queue.py``), share of the cores (``cores.py``),
 device (``device.py``) and checkpoints (``checkpoint.py``); ``models/`` (loading, LoRA, test models); ``train/``
 (datum checking, the loss table, AdamW, the trainer's forward); ``sample/`` (the sampler, its KV cache and scores);
 ``cpu/`` (the C kernels and what runs on them); ``gpu/`` (the GPU paths).

@@ -4,27 +4,21 @@ game's outcome for its seat is the episode's reward.
     dataset = TextArenaDataset("TicTacToe-v0", tokenizer, games_per_batch=4, group_size=8, seed=0)
     train(LoopConfig(base_model="smollm2-135m", max_turns=10, ...), dataset)      # or: rlvr train --recipe textarena
 
-Each episode is one game (``textarena.make(env_id)``, two players). The model's first observation is the game's
-messages to its seat (rules, board) as a user turn through the model's chat template; its reply, decoded to text, is
-its move; the opponent then moves, and the game's new messages to the model's seat are the next user turn, appended
-to the tokens the model saw and sampled (one growing conversation, one datum: ``envs.trajectory_datums``).
+Each episode is one game. The model's first observation is the game's messages to its seat as a user turn through
+the chat template; its reply is its move; after the opponent's move the game's new messages are the next user turn,
+appended to what the model saw and sampled (one growing conversation, one datum: ``envs.trajectory_datums``).
 
-Reward, at the game's end (earlier turns earn 0), as textarena reports it for the model's seat: win +1, draw 0, loss
--1. An invalid move (a reply the game cannot parse or that breaks its rules) is answered as textarena answers it:
-the first is pointed out and the model moves again; a second in a row loses the game (-1). A game cut short by the
-loop's ``max_turns`` ends with 0 (counted in ``env/all/unfinished``). Metrics: ``win``, ``draw``, ``loss`` and
-``moves`` (the model's moves) at the game's end, and ``invalid_move`` per move (the share of the model's moves the
-game refused).
+Reward, at the game's end (earlier turns earn 0), for the model's seat: win +1, draw 0, loss -1. A first invalid
+move is pointed out and the model moves again; a second in a row loses (-1). A game cut short by ``max_turns`` ends
+with 0 (``env/all/unfinished``). Metrics: ``win``, ``draw``, ``loss``, ``moves`` at the end, ``invalid_move`` per move.
 
-The opponent is a function of the game's state and a random generator (:data:`Opponent`). Built in: a random legal
-move for TicTacToe, Nim and ConnectFour (every registered variant of them, e.g. ``Nim-v0-large``); other games take
-``opponent=``. All envs of a group share a game seed (the model's seat and the opponent's random draws), so the
-group's advantages compare the model's play in the same game; the loop's held-out games are another seed stream.
+The opponent is a function of the game's state and a random generator (:data:`Opponent`); built in: a random legal
+move for TicTacToe, Nim and ConnectFour and their variants; other games take ``opponent=``. All envs of a group share
+a game seed, so the group's advantages compare play in the same game; held-out games are another seed stream.
 
-Not here: self-play (both seats played by the model being trained needs both players' turns sampled within one
-env step, which the Env interface does not do; an opponent that samples a frozen model fits :data:`Opponent`);
-games of one or more than two players; games that download data when textarena imports them (Wordle, Hangman and
-other word games call ``nltk.download``) on a machine without the network.
+Not here: self-play (both seats sampled within one env step, which the Env interface does not do; an opponent that
+samples a frozen model fits :data:`Opponent`); games of one or more than two players; games that download data on
+import (``nltk.download`` in the word games) on a machine without the network.
 """
 
 from __future__ import annotations

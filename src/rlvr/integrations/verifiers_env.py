@@ -7,32 +7,21 @@ on.
     dataset = VerifiersDataset(env, tokenizer, groups_per_batch=2, group_size=4)
     train(LoopConfig(base_model="tiny", steps=10), dataset)
 
-Each rollout gets ``openai_client(sampler)`` (``rlvr.server``: an ``AsyncOpenAI`` over ASGI, no socket) with
-``logprobs=True``; the endpoint answers with ``prompt_token_ids``, each choice's ``token_ids`` and their logprobs,
-which verifiers keeps per turn, so each turn becomes a ``Transition`` of exactly the prompt the model saw and the
-tokens it sampled (nothing is re-tokenised). The rubric's reward goes on a trajectory's last turn, and each reward
-function's value is logged as ``env/all/rubric/<name>``.
+Contract: each rollout samples through ``openai_client(sampler)`` (``rlvr.server``, no socket) with logprobs, so each
+turn becomes a ``Transition`` of exactly the prompt the model saw and the tokens it sampled (nothing re-tokenised).
+Tool results are part of the next turn's prompt, observation as the prompt is: only sampled tokens carry weight. The
+rubric's reward goes on a trajectory's last turn (each function logged as ``env/all/rubric/<name>``). A reward
+function that raises or outlasts ``reward_timeout``, a quiet 0.0 in verifiers, is a failed reward here: NaN, its
+group not trained on, counted and named in the rollout log (a hung synchronous function is left in a daemon thread;
+an ``async`` one that blocks the event loop cannot be cut).
 
-Tool environments (``vf.ToolEnv``) play the same way: the endpoint renders the env's ``tools`` and the conversation's
-tool calls and results into each prompt, and parses the calls out of the model's text (``rlvr.server.openai_tools``).
-A tool's result is part of the next turn's prompt, so it is observation, as the prompt is: only the tokens the model
-sampled carry weight and logprobs. Where the chat template writes a call back exactly as the model wrote it, a
-trajectory is one datum; where not (other spacing in the JSON), the next turn starts a datum of its own, which trains
-the same tokens.
+Covered: verifiers 0.3.x's classic API (``Environment``, ``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``,
+``Rubric``), text chat, tool calls. Not covered: what rlvr's endpoint refuses (``tool_choice`` other than ``"auto"``
+or ``"none"``, a tool name OpenAI would not take: the run stops naming it), held-out evaluation of the env's
+``eval_dataset``; verifiers 0.4's v1 tasksets train through ``verifiers_v1.py``. More: ``docs/training.md``.
 
-A reward function that raises or outlasts ``reward_timeout`` would be a quiet 0.0 in verifiers (its rubric logs and
-goes on); here it is a failed reward: the trajectory's reward is NaN, its group is not trained on, and the failure
-is counted (``env/all/reward/errors:sum``, ``by_group/frac_failed``) and named in the rollout log. A synchronous
-function that hangs is left running in a daemon thread; an ``async`` one that blocks the event loop cannot be cut.
-
-What is covered: the classic verifiers API (``Environment``, ``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``,
-``Rubric``) of releases 0.3.x, text chat, tool calls. What is not: what rlvr's endpoint refuses (``tool_choice`` other
-than ``"auto"`` or ``"none"``, a tool name OpenAI would not take: the run stops on the first such request, naming
-it), held-out evaluation of the env's ``eval_dataset``. verifiers 0.4 has no classic API: its v1 tasksets train
-through ``verifiers_v1.py``.
-
-Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which DESIGN.md's arrows allow (the RL layer
-must not import torch or ``rlvr.engine``); it does so inside functions, so importing it never needs fastapi.
+Layers: this module reaches ``rlvr.server`` (for ``openai_client``), which the layers allow (``docs/architecture.md``);
+it does so inside functions, so importing it never needs fastapi.
 """
 
 from __future__ import annotations

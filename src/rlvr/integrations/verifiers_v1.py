@@ -6,35 +6,19 @@ sampled become the datums the loop trains on.
     dataset = VerifiersV1Dataset("my_taskset", tokenizer, groups_per_batch=2, group_size=4)
     train(LoopConfig(base_model="tiny", steps=10), dataset)
 
-Sampling: in process, a ``LoopbackEndpoint`` (``rlvr.server.in_process``: rlvr's routes on a loopback port behind a
-key made for it) serves each step's sampling client; with ``endpoint=`` and ``api_key=`` the episodes sample from a
-running ``rlvr serve`` instead (the sampling client's ``model_path`` names the weights there). verifiers renders each
-prompt to token ids with the ``renderers`` package over the trained model's own tokenizer (written to a folder once;
-``renderer=`` picks another renderers config) and reads back the sampled ids and logprobs.
+Sampling goes to a ``LoopbackEndpoint`` (``rlvr.server.in_process``: rlvr's routes on a loopback port, behind a key
+made for it), or with ``endpoint=`` and ``api_key=`` to a running ``rlvr serve``; verifiers renders prompts with
+``renderers`` over the trained model's own tokenizer and reads back the sampled ids and logprobs.
 
-Each episode's trainable traces become one trajectory: each branch of a trace (verifiers' training sample: the
-prompt and sampled token spans of one path through its message graph) gives one turn per sampled span, whose
-observation is every token before it, so tool results and the env's turns are observation, as the prompt is, and only
-sampled tokens carry weight and logprobs. The reward is the sum of the traces' weighted rewards, on the last turn;
-each reward function's score is logged as ``env/all/reward_fn/<name>`` and each task metric as ``metric/<name>``.
-
-Harnesses: a taskset that brings its own harness plays with it; any other plays with rlvr's in-process chat harness
-(``verifiers_v1_harness.py``, id ``rlvr_chat``: verifiers' ``null`` chat loop with MCP tools, no ``uv``), unless
-``harness=`` names one.
-A harness that runs a PEP 723 program (``bash``, ``null``, the coding agents) runs it under ``uv`` in verifiers'
-subprocess runtime (``runtime=`` may name another): without ``uv`` on the PATH the dataset refuses to start, naming
-the fix. verifiers' default runtime, a remote sandbox, is never chosen for you.
-
-Failures: an episode that fails (a harness, a tool server or a reward function raises, a timeout, a conversation that
-fills the model's context, which verifiers ends as a failed rollout) is a failed reward, NaN, counted and named in the
-rollout log, its group not trained on; never a 0. A request rlvr's endpoint refuses otherwise (a 4xx: the run's
-settings or the taskset's requests are wrong for every rollout) stops the step, naming it.
-
-What is covered: single-agent tasksets and multi-agent envs (each trainable seat's trace trains), chat turns, MCP
-tools, multi-turn envs that relay user turns (``interaction().turn``). What is not: held-out evaluation of a second
-taskset split, tasks that need a container image (``NEEDS_CONTAINER``; they run where their runtime puts them),
-images and audio. verifiers 0.3.x's classic environments train through ``verifiers_env.py``; ``import_verifiers_v1``
-says which one the installed release needs.
+Contract: each branch of a trainable trace becomes one trajectory, a turn per sampled span, with everything before
+it (tool results, the env's turns, the prompt) as observation, so only sampled tokens carry weight and logprobs. The
+reward is the sum of the traces' weighted rewards, on the last turn (each reward function logged as
+``env/all/reward_fn/<name>``, each task metric as ``metric/<name>``). A taskset without its own harness plays with
+rlvr's chat harness (``verifiers_v1_harness.py``); a PEP 723 harness needs ``uv`` (its absence is refused, naming
+the fix), and verifiers' remote sandbox runtime is never chosen for you. A failed episode (a raising harness, tool
+or reward, a timeout, a full context) is a counted failed reward, NaN, never a 0; a request the endpoint refuses
+(4xx) stops the step, naming it. Not covered: a second taskset split for held-out evaluation, container tasks,
+images and audio. More: ``docs/training.md`` ("verifiers 0.4 v1 tasksets").
 
 Layers: this module reaches ``rlvr.server`` (the loopback endpoint) inside functions, as ``verifiers_env.py`` does.
 """

@@ -1,9 +1,9 @@
 """The simplest RLVR loop: sample a group per problem, score, centre, train, repeat. Client API only.
 
-This is the loop the seed documents describe, in one function that reads top to bottom, on procedural arithmetic
-("What is 37 + 48?") whose answers a program checks. It is deliberately small: one synchronous step at a time, one
-reward, no KL penalty, no resume. The full loop (envs, PPO/GRPO, streaming and async modes, checkpoints) lives
-beside it as it is built; this one stays as the readable reference.
+The RLVR loop in one function that reads top to bottom, on procedural arithmetic ("What is 37 + 48?") whose
+answers a program checks. It is deliberately small: one synchronous step at a time, one reward, no KL penalty, no
+resume. The full loop (envs, PPO/GRPO, streaming and async modes, checkpoints) is ``loop.py``; this one stays as the
+readable reference.
 """
 
 from __future__ import annotations

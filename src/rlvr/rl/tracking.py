@@ -3,25 +3,12 @@
     with open_trackers(["mlflow"], run_dir, config=asdict(config)) as tracker:
         tracker.log({"env/all/reward/mean": 0.4}, step=0)
 
-Each backend is an optional extra imported only when named; an unknown name or a missing package is an error that
-names the extra to install, raised before any training starts. All three stay on this machine unless the user
-points them elsewhere:
-
-- ``mlflow`` (``rlvr[mlflow]``): a SQLite store at ``RUN_DIR/mlruns/mlflow.db`` (MLflow 3 refuses its old plain-file
-  store by default), one experiment named after the run folder, one MLflow run per ``open_trackers`` (a resumed
-  training is a new MLflow run in the same experiment), the flattened config as params (``distributed.backend``).
-  MLflow allows only letters, digits, ``_ - . /`` and space in names on every OS (``:`` only off Windows), so
-  :func:`mlflow_name` writes ``:`` as ``.`` (``optim/loss:sum`` -> ``optim/loss.sum``; rlvr names use no ``.``) and any
-  other character as ``_``. A user's ``MLFLOW_TRACKING_URI`` wins over the local store. MLflow's usage telemetry is
-  off unless the user sets ``MLFLOW_DISABLE_TELEMETRY=false``. Browse: ``mlflow ui --backend-store-uri
-  sqlite:///RUN_DIR/mlruns/mlflow.db`` (the UI needs the full ``mlflow`` package).
-- ``tensorboard`` (``rlvr[tensorboard]``, tensorboardX): event files in ``RUN_DIR/tensorboard``, tags exactly as
-  logged (tensorboardX's ``add_scalar`` would rewrite ``:`` as ``_``; we write the summaries ourselves), the config
-  as a text summary. Browse: ``pip install tensorboard; tensorboard --logdir RUN_DIR/tensorboard``.
-- ``wandb`` (``rlvr[wandb]``): an *offline* run under ``RUN_DIR/wandb``, project ``rlvr``, the config as the run
-  config. It goes online only when the user sets ``WANDB_MODE`` (``online``) themselves; an offline run uploads later
-  with ``wandb sync RUN_DIR/wandb/offline-run-*``, and ``wandb leet inspect --summary RUN_DIR/wandb/latest-run``
-  reads it locally. W&B's error reporting is off unless the user sets ``WANDB_ERROR_REPORTING``.
+Each backend (``BACKENDS``: ``mlflow``, ``tensorboard``, ``wandb``) is an optional extra imported only when named; an
+unknown name or a missing package is an error naming the extra to install, raised before any training starts. All
+three stay in the run folder unless the user points them elsewhere (``MLFLOW_TRACKING_URI``, ``WANDB_MODE``), with
+their telemetry off unless the user turns it on. Metric names reach every backend as logged, except where a backend
+refuses a character (MLflow: :func:`mlflow_name` writes ``:`` as ``.``). Where each one writes and how to browse it:
+``docs/training.md`` ("Trackers").
 
 On a resume, ``metrics.jsonl`` (the run's record) first loses its rows of the steps the resume re-runs (those at or
 after the checkpoint's step), so it holds each step once. The backends cannot take rows back: each resume is a new

@@ -1,32 +1,24 @@
 """A seccomp filter for sandboxed jobs, built with libseccomp through ``ctypes`` and loaded per job.
 
-What it is: the system-call policy of a job, standard library only (the fork server loads this file by path).
-The fork server builds the filter once with libseccomp (``libseccomp.so.2``) and exports it as a classic BPF
-program; each forked job patches its own process id into the program (for "signals only to itself") and
-loads it with ``prctl(PR_SET_SECCOMP)``. libseccomp is therefore called only in the fork server, never in the
-job, and building costs nothing per job. The filter allows everything except:
+What it is: the system-call policy of a job, standard library only (the fork server loads this file by path). The
+fork server builds the filter once with libseccomp and exports it as classic BPF; each forked job patches its own
+pid into the program (for "signals only to itself") and loads it with ``prctl(PR_SET_SECCOMP)``, so libseccomp never
+runs in the job and building costs nothing per job. The filter allows everything except:
 
-* process creation other than threads: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (EPERM) and
-  ``clone3`` (ENOSYS, so the C library falls back to ``clone`` for threads, which the filter can inspect);
-* program execution: ``execve``, ``execveat`` (the job is a forked interpreter and never needs them);
-* every new socket with an address: ``socket`` entirely (so no network, no netlink and no connecting to the
-  host's Unix sockets -- a D-Bus bus, an X server, an agent, a container runtime -- by path or in the
-  abstract namespace), ``socketpair`` with a family other than ``AF_UNIX`` or a datagram type
-  (``SOCK_DGRAM``, and ``SOCK_RAW``, which Unix sockets treat as datagrams: an end of such a pair can still
-  ``connect`` or ``sendto`` any socket file it can name). Stream and seqpacket socketpairs stay allowed:
-  they have no address and reach only each other (asyncio's event loop needs one);
-* signals to anyone but itself: ``kill``, ``tgkill``, ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo`` with a
-  target other than the job's own pid; ``tkill`` and the ``pidfd_*`` calls entirely;
-* other processes' memory and namespaces: ``ptrace``, ``process_vm_readv/writev``, ``kcmp``, ``mount`` and
-  the new mount API, ``unshare``, ``setns``, ``chroot``, ``pivot_root``;
+* process creation other than threads: ``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD`` (EPERM), ``clone3``
+  (ENOSYS, so the C library falls back to ``clone``, which the filter can inspect); ``execve``, ``execveat``;
+* every socket with an address: ``socket`` entirely (no network, no host Unix sockets by path or abstract name), and
+  ``socketpair`` other than ``AF_UNIX`` stream or seqpacket (a datagram end could still ``sendto`` a socket file);
+* signals to anyone but itself (``kill``, ``tgkill``, ``rt_sigqueueinfo``, ``rt_tgsigqueueinfo``; ``tkill`` and the
+  ``pidfd_*`` calls entirely);
+* other processes and namespaces: ``ptrace``, ``process_vm_readv/writev``, ``kcmp``, ``mount`` and the new mount API,
+  ``unshare``, ``setns``, ``chroot``, ``pivot_root``;
 * kernel attack surface: ``bpf``, ``io_uring_*`` (ENOSYS), ``keyctl``/``add_key``/``request_key``,
   ``perf_event_open``, ``userfaultfd``, ``open_by_handle_at``, module and kexec calls;
-* raising resource limits: ``setrlimit`` and ``prlimit64`` with a new limit (reading limits still works).
+* raising resource limits (``setrlimit``, ``prlimit64`` with a new limit); system calls of another ABI kill.
 
-System calls of another ABI (x32, i386 on x86-64) kill the process.
-
-What it is not: a filesystem policy (paths are Landlock's business), nor a limit on memory or CPU (rlimits).
-Without libseccomp the sandbox still runs, without this layer, and warns.
+What it is not: a filesystem policy (Landlock's), nor a limit on memory or CPU (rlimits). Without libseccomp the
+sandbox runs without this layer, and warns.
 """
 
 from __future__ import annotations

@@ -1,30 +1,25 @@
 """The fork server: a small warm interpreter that forks, confines, supervises and reports one job at a time.
 
-What it is: a standard-library-only script, started by ``rlvr.sandbox.executor`` as
-``<python> -I -S server.py <config-json>`` with a clean environment (so no site-packages and nothing of the
-trainer's environment), optionally inside ``bwrap``. It loads its sibling modules by path (``protocol``,
-``confine``, ``landlock``, ``seccomp``, ``harness``, ``verdict``), preloads common standard-library modules,
-builds the seccomp program and the Landlock policy once, puts the job folders on a size-capped private
-tmpfs when it can (root), tells the trainer which layers are active, then serves ``run`` requests read from
-stdin. For each job it:
+What it is: a standard-library-only script, started by ``rlvr.sandbox.executor`` as ``<python> -I -S server.py
+<config-json>`` with a clean environment, optionally inside ``bwrap``. It loads its sibling modules by path, builds
+the seccomp program and the Landlock policy once, puts the job folders on a size-capped tmpfs when it can (root),
+tells the trainer which layers are active, then serves ``run`` requests read from stdin. For each job it:
 
 1. creates a private folder with a random name and per-job random secrets;
-2. forks; the child starts a new session, points stdin at ``/dev/null`` and stdout/stderr at files capped by
-   ``RLIMIT_FSIZE``, enters its folder, sets rlimits, drops root privileges, applies Landlock, closes every
-   other descriptor, loads the seccomp filter, points HOME and TMPDIR at its folder and runs the ``harness``;
-3. supervises the child through a pidfd: ``poll`` on the pidfd and the report pipe until the wall-clock
-   deadline (checking disk use every 10 ms where no tmpfs caps it), then SIGKILL through the pidfd and to
-   the job's process group, reap, and kill any process the job left behind (this server is a child
-   subreaper, so orphans come back to it);
-4. has ``verdict`` check the reported secrets and decide the status, reads the output tails, deletes the
-   folder and writes one result frame.
+2. forks; the child starts a new session, points stdin at ``/dev/null`` and stdout/stderr at capped files, enters
+   its folder, sets rlimits, drops root, applies Landlock, closes every other descriptor, loads the seccomp filter
+   and runs the ``harness``;
+3. supervises the child through a pidfd until the wall-clock deadline (checking disk use every 10 ms where no tmpfs
+   caps it), then kills it and its process group, reaps it, and kills anything it left behind (this server is a
+   child subreaper, so orphans come back to it);
+4. has ``verdict`` check the reported secrets and decide the status, reads the output tails, deletes the folder and
+   writes one result frame.
 
-A ``{"mode": "script"}`` job (``rlvr.sandbox.ScriptJob``) is confined the same way but runs a whole program with
-``script``: its stdin comes from the job, its files and program are written into its folder once Landlock holds, and
-its result is its exit status, the head of its output and the files asked back.
+A ``{"mode": "script"}`` job (``ScriptJob``) is confined the same way but runs a whole program (``script``): stdin
+from the job, its files written once Landlock holds, and as result its exit status, output head and files asked back.
 
-What it is not: a security boundary against the trainer, nor usable from the package (it is a script);
-the trainer side (pool, restarts, result objects) lives in ``executor``.
+What it is not: a security boundary against the trainer, nor usable from the package (it is a script); the trainer
+side (pool, restarts, result objects) lives in ``executor``.
 """
 
 from __future__ import annotations

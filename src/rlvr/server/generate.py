@@ -8,20 +8,16 @@ ids, their logprobs and the prompt's token ids out. Trainers that render prompts
         "choices": [{"index": 0, "token_ids": [...], "finish_reason": "stop" | "length",
                      "logprobs": {"content": [{"token": "token_id:<id>", "logprob": ..., "top_logprobs": [...]}]}}]}
 
-``rlvr serve`` mounts it behind its API keys, beside the OpenAI routes (``openai.py``), and ``openai_client`` in
-process: ``model`` names the sampler as it does there (a base model, a sampler checkpoint, a pinned sampling client).
+``rlvr serve`` mounts it behind its API keys beside the OpenAI routes (``openai.py``), and ``openai_client`` in
+process; ``model`` names the sampler as it does there.
 
-What is covered (``sampling_params``, vLLM's names): ``n``, ``temperature``, ``top_p``, ``top_k`` (0 or -1: no
-limit), ``max_tokens`` (unset: up to the context), ``seed``, ``stop`` (strings) or ``stop_token_ids`` (sampling also
-stops at EOS, as vLLM's does), ``logprobs`` (each sampled token's logprob, with that many alternatives; unset: no
-logprobs). Logprobs are under the model at temperature 1 (vLLM's ``raw_logprobs``), the numbers a training client's
-forward gives; ``token_ids`` hold every sampled token, the stop token included.
-
-What is not: streaming, multimodal ``features`` and ``content_parts``, prompt logprobs, penalties, ``min_p``,
-``min_tokens``, ``ignore_eos``, logit bias, allowed or bad words, structured outputs, stop strings together with stop
-ids (each a 400 naming the field when it would change the result). Fields that only shape text this route does not
-return (``skip_special_tokens``, ``include_stop_str_in_output``...) or scheduling (``cache_salt``, ``priority``) are
-ignored, as are fields vLLM does not know either.
+Contract (``sampling_params``, vLLM's names): ``n``, ``temperature``, ``top_p``, ``top_k`` (0 or -1: no limit),
+``max_tokens`` (unset: up to the context), ``seed``, ``stop`` or ``stop_token_ids`` (and EOS, as vLLM), ``logprobs``
+(that many alternatives; unset: none). Logprobs are under the model at temperature 1 (vLLM's ``raw_logprobs``), the
+numbers a training client's forward gives; ``token_ids`` hold every sampled token, the stop token included. A field
+that would change the result and is not served (streaming, multimodal parts, prompt logprobs, penalties, ``min_p``,
+``min_tokens``, ``ignore_eos``, logit bias, bad words, structured outputs, stop strings with stop ids) is a 400
+naming it; fields that only shape text or scheduling are ignored, as are fields vLLM does not know either.
 
 Not here: which weights serve ``model`` (``openai.Models``), the error shape and the body parser (``openai_wire.py``),
 the sampling itself (``rlvr.SamplingClient.sample``).

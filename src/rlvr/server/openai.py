@@ -4,45 +4,18 @@ by rlvr's own sampler, so agent code and libraries that take an OpenAI client sa
     client = openai_client(service)                    # in process (in_process.py): an openai.AsyncOpenAI, no socket
     await client.chat.completions.create(model="tiny", messages=[...], logprobs=True, seed=1)
 
-``rlvr serve`` mounts the same routes at ``/v1``, behind its API keys (``Authorization: Bearer tml-...``, which is how
-the ``openai`` client sends ``api_key``). ``model`` is a base model (``tiny``, ``smollm2-135m``), a sampler checkpoint
-(``rlvr://<run>/sampler_weights/<name>``, ``tinker://`` or no scheme alike, or its bare ``<name>`` when only one run
-has it), or, in process, a sampling client handed to ``openai_client``; ``/v1/models`` lists them.
+``rlvr serve`` mounts the same routes at ``/v1``, behind its API keys. ``model`` is a base model, a sampler
+checkpoint (``rlvr://<run>/sampler_weights/<name>``, or its bare name when one run has it) or, in process, a sampling
+client handed to ``openai_client``; ``/v1/models`` lists them.
 
-What is covered: the chat template of the model's tokenizer (chat), ``n``, ``temperature``, ``top_p``, ``top_k``
-(vLLM's extra), ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``, ``logprobs`` /
-``top_logprobs`` (at most 20), ``stream`` over server-sent events ending in ``data: [DONE]`` (with
-``stream_options.include_usage``: a last chunk with the usage), prompts as text or token ids, several prompts in one
-completion request, ``echo`` (completions: the prompt's text, and with ``logprobs`` its tokens' logprobs, None at
-the first, and alternatives, scored by the training client's forward, ``SamplingClient.compute_topk_logprobs``;
-``max_tokens: 0`` scores the prompt alone), which lm-evaluation-harness's log-likelihood requests use. For a
-trainer, each choice carries ``token_ids`` (every sampled token, the stop string's and EOS included, which the text
-leaves out) and the response ``prompt_token_ids`` (per choice in completions), as vLLM's ``return_token_ids`` does;
-``return_tokens_as_token_ids: true`` (vLLM's extra) renders logprob tokens as ``token_id:<id>``. Logprobs are under
-the model at temperature 1 (vLLM's ``raw_logprobs``), the same numbers a training client's forward gives.
-
-Tools (chat): ``tools`` (OpenAI function schemas), ``tool_choice`` ``"auto"`` (the default) or ``"none"``, assistant
-messages with ``tool_calls`` and ``tool`` messages. The model's chat template renders them, or rlvr's fallback where
-it cannot; a reply's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` become its ``tool_calls`` (then
-``finish_reason`` is ``"tool_calls"``), streamed or not; text that is not a well-formed call stays content
-(``openai_tools.py``). ``token_ids`` and logprobs still cover every sampled token, the calls' included.
-
-What is not: ``tool_choice`` ``"required"`` or a named function, ``parallel_tool_calls: false``, the legacy
-``functions`` API, response formats, logit bias, presence/frequency/repetition penalties, ``best_of``, ``suffix``,
-``echo`` with ``stream``, images and audio (each is a 400 naming the field); the embeddings, responses and other
-endpoints (404).
-
-Streams stream: a chunk per choice per decode step, sent while the engine goes on sampling (``openai_stream.py``),
-carrying that step's ``token_ids``, their logprobs when asked, and the text that became certain (a character split
-across tokens and a possible stop string wait); a choice's last chunk has its ``finish_reason`` and the rest of its
-text, so its chunks concatenate to the non-streamed choice of the same seed. Tool calls (parsed out of the whole
-reply) and ``top_logprobs`` alternatives (computed over the finished sample) come whole in each choice's one chunk
-at its end, as does the text of a tokenizer that cleans up spaces. A client that disconnects cancels its request:
-its rows leave the engine's batch at the next step.
-
-Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed request (naming
-the field and the fix), 401 for a bad key (``auth.py``), 404 for an unknown model; one that fails after its stream
-began is the stream's last event before ``[DONE]``.
+Contract: the request fields OpenAI and vLLM define for sampling are honoured (the chat template, ``n``, the
+sampling parameters, ``stop``, ``seed``, ``logprobs`` / ``top_logprobs``, ``echo`` with prompt logprobs, tools with
+``tool_choice`` ``"auto"`` or ``"none"``, ``stream``); every other known field is a 400 naming it. Each choice carries
+``token_ids`` (every sampled token, stop string and EOS included) and the response ``prompt_token_ids``, and logprobs
+are under the model at temperature 1, the numbers a training client's forward gives. A stream's chunks of a choice
+concatenate to the non-streamed choice of the same seed; a client that disconnects cancels its rows at the next
+decode step. Errors have OpenAI's shape: 400 (naming the field and the fix), 401, 404; one after a stream began is its
+last event before ``[DONE]``. Every field, covered or refused: ``docs/server.md`` ("OpenAI-compatible sampling").
 
 Not here: request bodies, prompts and the error shape (``openai_wire.py``), rendering tools and parsing tool calls
 (``openai_tools.py``), the text of a stream and its calls' events (``openai_stream.py``), the sampling itself

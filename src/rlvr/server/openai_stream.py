@@ -7,25 +7,15 @@
         ...                                                            # one chunk per piece
 
 The engine's thread hands each decode step's tokens to a call's ``Watch`` (``rlvr.engine.sample.watch``), which puts
-them on the event loop (``loop.call_soon_threadsafe``): the route's generator awaits them without blocking the loop,
-and the batch goes on decoding meanwhile. A call with no watch (``watch()`` not asked) is met only once it is done.
+them on the event loop: the route's generator awaits them without blocking the loop, and the batch goes on decoding.
 
-Each choice's ``ChoiceText`` decodes its tokens so far and hands out only text that can no longer change:
-
-- a character split across tokens (a byte-level tokenizer writes a multi-byte character as several tokens) waits
-  until it is whole: the decoded text's trailing U+FFFD are held back until the next token or the end;
-- text that may be the start of a stop string waits until decided, and nothing from a stop string on is sent (a
-  stop string may span tokens and chunks);
-- at the end, the rest comes from the finished sample's text, decoded whole as the non-streamed response decodes it
-  (broken UTF-8 at the very end included): the chunks of a choice concatenate to the non-streamed text.
-
-That holds for tokenizers whose text of a token prefix is a prefix of the whole text, as byte-level and
-SentencePiece decoding are. A tokenizer that cleans up spaces (transformers' ``clean_up_tokenization_spaces``) joins
-text across tokens afterwards, so its choices are sent whole at the end (``incremental=False``), as are tool calls
-and top logprobs (computed over the finished sample), by the routes.
-
-Leaving ``pieces`` early (the client went away: the server cancels the response's task) cancels every call: a
-watched call's rows leave the engine's batch at its next step, freeing their place for the next request.
+Contract: each choice's ``ChoiceText`` hands out only text that can no longer change. A character split across tokens
+waits until it is whole (trailing U+FFFD are held back); text that may start a stop string waits until decided, and
+nothing from a stop string on is sent; the rest comes at the end from the finished sample's text, decoded whole, so a
+choice's chunks concatenate to the non-streamed text (broken UTF-8 included). That holds for tokenizers whose text
+of a token prefix is a prefix of the whole text (byte-level, SentencePiece); one that cleans up spaces is sent whole
+at the end (``incremental=False``), as are tool calls and top logprobs. Leaving ``pieces`` early (the client went
+away) cancels every call: a watched call's rows leave the engine's batch at its next step.
 
 Not here: the chunks' shape and the routes (``openai.py``), the engine's side (``rlvr.engine.sample.watch``).
 """

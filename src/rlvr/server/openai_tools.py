@@ -2,30 +2,21 @@
 ``tool_calls`` messages of its conversation, rendered into the prompt; the tool calls a reply's text holds, parsed
 out of it into OpenAI's ``tool_calls``.
 
-Rendering. A chat template that renders tools (transformers' ``apply_chat_template(..., tools=...)``, as Qwen's,
-Llama 3.1's and Hermes' do) gets the request's tools and messages as they are, each tool call's ``arguments`` as a
-JSON object, as transformers' templates expect. A template that ignores them (``tiny``'s and SmolLM2's, found by
-rendering a probe tool once per template) gets rlvr's fallback, which any ChatML-like template can render:
+Rendering: a chat template that renders tools (``apply_chat_template(..., tools=...)``, as Qwen's, Llama 3.1's and
+Hermes' do) gets them as they are, each call's ``arguments`` as a JSON object. A template that ignores them (found by
+rendering a probe tool once per template) gets rlvr's ChatML-like fallback: a system block listing each schema
+between ``<tools>`` tags and asking for ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, an assistant
+turn's calls written after its text, tool results as one user turn in ``<tool_response>`` tags.
 
-- a system block listing each function's schema as one JSON line between ``<tools>`` and ``</tools>``, asking for
-  each call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; it ends the first system message, or
-  is a system message of its own before the conversation;
-- an assistant turn's tool calls written after its text, one ``<tool_call>`` line each, as the model wrote them;
-- tool results as one user turn, each result between ``<tool_response>`` and ``</tool_response>``.
+Parsing: every ``<tool_call>JSON</tool_call>`` of a reply whose JSON is an object naming an offered function, with
+``arguments`` an object (or absent), becomes ``{"id", "type": "function", "function": {"name", "arguments"}}``; the
+text around the calls is the content (null when nothing is left). Anything else (bad JSON, an unknown function, a
+tag left open) stays in the content as written: nothing a model writes fails the request. A call's id hashes the
+prompt, the sampled tokens and the call's place, so the same seed gives the same ids.
 
-Parsing. Every ``<tool_call>JSON</tool_call>`` of a reply (the Hermes/Qwen convention, which the fallback asks for)
-whose JSON is an object naming an offered function, with ``arguments`` a JSON object (or absent: no arguments),
-becomes a tool call ``{"id", "type": "function", "function": {"name", "arguments": JSON text}}``; the text around
-the calls is the content (null when nothing is left). Anything else (bad JSON, an unknown function, arguments that
-are not an object, a tag left open when the sample ran out) stays in the content as written: nothing a model writes
-fails the request. A call's id is a hash of the prompt, the sampled tokens and the call's place, so the same seed
-gives the same ids (a template may render them into the next prompt).
-
-What is not covered: ``tool_choice`` other than ``"auto"`` and ``"none"`` (``"required"`` and a named function
-need constrained decoding), ``parallel_tool_calls: false``, the legacy ``functions`` API (``openai_wire.REFUSED``
-answers each with a 400); tool-call tags that the tokenizer holds as special tokens (the reply's text leaves
-special tokens out, so such a model's calls stay unparsed); other call formats (Llama's ``<|python_tag|>``,
-Mistral's ``[TOOL_CALLS]``).
+Not covered: ``tool_choice`` other than ``"auto"`` and ``"none"`` (constrained decoding), ``parallel_tool_calls:
+false``, the legacy ``functions`` API (each a 400, ``openai_wire.REFUSED``); tool-call tags the tokenizer holds as
+special tokens (left out of the text, so unparsed); other call formats (``<|python_tag|>``, ``[TOOL_CALLS]``).
 """
 
 from __future__ import annotations

@@ -1,45 +1,26 @@
 """The decode step of Llama-family models, written for sampling many rows on a CPU.
 
-Hugging Face's forward is general, and at one new token per row its generality is most of the cost: a module call,
-a LoRA wrapper (dropout, two matmuls, a scale, an add) per projection, an attention mask rebuilt every step, SDPA's
-flash kernel on a query of length 1. This module runs the same arithmetic with the model's own weights (no copy):
+Hugging Face's forward is general, and at one new token per row its generality is most of the cost. This module
+runs the same arithmetic with the model's own weights (no copy), after the prompt is prefilled by the model's own
+forward: projections fused and prepacked (``packed.py``, ``amx_linear``, ``fma_linear``), LoRA adapters unmerged (so
+sampler snapshots share one base model), a prompt's keys and values held once per chunk of its rows, generated keys
+and values in buffers sized once for the decode, attention in one call of the fused kernel per layer
+(``fused_attention``) where it runs, finished rows dropped lazily. How each part works and what it buys:
+``docs/performance.md`` ("The sampler's decode path").
 
-- each projection is one matmul on the base weight plus, per active LoRA adapter, the adapter's A once per input
-  (q, k and v share one A-matmul, so do gate and up) and one product per B, scaled as peft scales it (on packs of
-  A and B for rlvr's FMA kernel or oneDNN's, ``adapter_kind``; the B of a group as one block-diagonal matrix).
-  Adapters stay unmerged, so any number of sampler snapshots share the one base model. On a CPU with AMX the base
-  matmuls run on ``amx_linear`` (three bfloat16 products per float32 one), which also computes their input: the
-  RMSNorms and the MLP's SiLU(gate) * up cost no op of their own; elsewhere, on AVX2 and FMA, on ``fma_linear`` (float32
-  products built for a few dozen rows);
-- rows that continue one prompt sit in chunks of consecutive slots, and a chunk holds its prompt's keys and values
-  once: attention reads a prompt once per chunk (its rows' queries side by side in one product), not once per row,
-  and only the generated columns once per row. The chunk size is the one whose step costs least (``chunk_size``:
-  an idle slot at the end of a prompt's last chunk costs a whole row's matmuls);
-- generated keys and values live in per-layer buffers sized for the whole decode (``max_tokens``): a step writes
-  one column, nothing is concatenated or reallocated;
-- attention is grouped-query attention over the prompt's and the live generated columns, one softmax over both,
-  with the prompts' left padding masked by a precomputed bias: one call per layer of the fused kernel
-  (``fused_attention``; keys then stored in its blocked layout) where it runs, else batched matmuls;
-- rows that finish are dropped lazily: they stay in the buffers (their outputs ignored) until a quarter of the
-  slots are finished, then the live rows are laid out in chunks anew, instead of copying every cache at every
-  finish.
+Invariants:
 
-The prompt is prefilled by the model's own forward (so prompt processing is Hugging Face's, and the first sampled
-token's logits are its logits); from there each step is this module's. ``tests/engine/cpu/test_decode.py`` checks
-its logits against the model's forward, with and without LoRA.
+- the logits equal the model's forward to rounding, with and without LoRA (``tests/engine/cpu/test_decode.py``);
+- a row's logits depend on that row alone, bit for bit, not on the other rows, their number, the chunks or the
+  prompts' padding (the sampler's seed guarantee, ``sample/sampler.py``): the base products run on packs whose rows
+  come out alike at any row count (oneDNN's, the FMA and AMX kernels), so do the adapters' (``adapter_kind``), the
+  fused kernel attends row by row, and norms, activations and the rotary embedding work row by row. A plain
+  ``F.linear`` (MKL rounds 1 to 3 rows otherwise than 4 or more) and PyTorch's attention ops would not hold it.
 
-A row's logits depend on that row alone, bit for bit, not on the other rows, their number, the chunks or the
-prompts' padding (what the sampler's seed guarantee needs, ``sample/sampler.py``): the base products run on packs
-whose rows come out alike at any row count (oneDNN's, the FMA and AMX kernels), so do the adapters'
-(``adapter_kind``); the fused kernel attends row by row (``decode_attention.c``); norms, activations and the rotary
-embedding (one table, ``_rotary``) work row by row. Not so with a plain ``F.linear`` (MKL rounds 1 to 3 rows, and
-odd counts, otherwise than 4 or more) or PyTorch's attention ops.
-
-Supported: ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, the tiny test model), ``Qwen2ForCausalLM`` (Qwen2 and
-Qwen2.5: biases on q, k and v) and ``Qwen3ForCausalLM`` (an RMSNorm over each query and key head before the rotary
-embedding), optionally wrapped by peft with plain LoRA adapters. Anything else (another architecture, DoRA, a LoRA
-bias, sliding-window layers) returns ``None`` from ``LlamaDecoder.build`` and the sampler decodes through Hugging
-Face's forward instead.
+Supported: ``LlamaForCausalLM`` (SmolLM2, Llama 2/3, the tiny test model), ``Qwen2ForCausalLM`` (biases on q, k and
+v) and ``Qwen3ForCausalLM`` (an RMSNorm over each query and key head), optionally wrapped by peft with plain LoRA
+adapters. Anything else (another architecture, DoRA, a LoRA bias, sliding-window layers) returns ``None`` from
+``LlamaDecoder.build`` and the sampler decodes through Hugging Face's forward instead.
 
 Not here: choosing tokens and stopping rows (``sampler.py``).
 """

@@ -1,13 +1,12 @@
 """Decode attention as one fused CPU kernel (``decode_attention.c``), compiled for this machine on first use.
 
-At 64 rows a decode step's attention is ~12 PyTorch ops per layer: products over the prompt's and each row's own
-keys, a concatenation, a scale, a softmax, products over the values, cache writes. Each reads or writes its
-operands once more from memory, and the batched products over each row's own keys are small (3 query heads x 64),
-where a BLAS call's fixed cost dominates. The kernel does it all in one pass per row and key/value head: it reads
-each key and value once, from a cache laid out for that read (keys in blocks of 16 positions, ``(blocks, D, 16)``).
-On 2 Xeon cores it took 10-11 ms for SmolLM2's 30 layers at 64 rows and 64 generated columns, where the PyTorch
-ops took 22 (``tests/engine/cpu/test_fused_attention.py`` checks it against attention by hand, ``bench/sampling.py``
-times the whole).
+At 64 rows a decode step's attention is ~12 PyTorch ops per layer: products over the prompt's and each row's own keys, a
+concatenation, a scale, a softmax, products over the values, cache writes. Each reads or writes its operands once more
+from memory, and the batched products over each row's own keys are small (3 query heads x 64), where a BLAS call's fixed
+cost dominates. The kernel does it all in one pass per row and key/value head: it reads each key and value once, from a
+cache laid out for that read (keys in blocks of 16 positions, ``(blocks, D, 16)``).
+``tests/engine/cpu/test_fused_attention.py`` checks it against attention by hand; its speed: ``docs/performance.md``
+("Decode attention").
 
 A row's output does not depend on the other rows, the chunk size or its prompt's left padding (the kernel's
 docstring says why); the sampler's guarantee that a seeded request samples the same whatever is batched beside it

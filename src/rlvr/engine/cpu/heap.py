@@ -1,21 +1,18 @@
 """The C heap of a process with a CPU engine: glibc's allocator told to reuse large freed blocks instead of mapping
 fresh pages for every one, and to hand the free pages back to the system after each training call.
 
-A CPU trainer's forward and backward on a real model allocate far more than they keep: on the Qwen2.5-0.5B shape a
-``forward_backward`` of one RL step's batch allocates ~190 GB in tensors of 10-130 MB (activations, their bfloat16
-copies for the products, each output-layer chunk's logits). glibc serves every block over 32 MB (and, on a thread
-other than the main one, every block its 64 MB heaps cannot hold) with a fresh ``mmap`` and unmaps it when freed, so
-each page of each tensor is faulted in and zeroed by the kernel before the first write: ~15 million page faults a
-call, paid in conversions and elementwise work that should run at memory speed.
+A CPU trainer's forward and backward on a real model allocate far more than they keep, in tensors of tens of MB.
+glibc serves every block over 32 MB (and, on a thread other than the main one, every block its 64 MB heaps cannot
+hold) with a fresh ``mmap`` and unmaps it when freed, so each page of each tensor is faulted in and zeroed by the
+kernel before the first write.
 
-``keep_freed_blocks`` (an ``Engine`` on the CPU paths calls it before its worker thread starts) sets one arena for
-every thread (``M_ARENA_MAX=1``: the main heap, which grows without the 64 MB limit), no ``mmap`` for large blocks
-(``M_MMAP_MAX=0``) and no trimming of the heap's top on each ``free`` (``M_TRIM_THRESHOLD``), so a freed block is
-reused by the next one that fits. ``release_free_pages`` (after loading a model and after each ``forward`` and
+``keep_freed_blocks`` (an ``Engine`` on the CPU paths calls it before its worker thread starts) sets one arena for every
+thread (``M_ARENA_MAX=1``: the main heap, which grows without the 64 MB limit), no ``mmap`` for large blocks
+(``M_MMAP_MAX=0``) and no trimming of the heap's top on each ``free`` (``M_TRIM_THRESHOLD``), so a freed block is reused
+by the next one that fits. ``release_free_pages`` (after loading a model and after each ``forward`` and
 ``forward_backward``) returns the free pages anywhere in the heap (``malloc_trim(0)``), so between calls the process
-holds what is live, not its high-water mark. What it costs: during a call the heap also holds the holes between
-live blocks; on that Qwen2.5-0.5B batch the peak grew ~15% while the call ran ~20% faster
-(``docs/performance.md``).
+holds what is live, not its high-water mark. What it costs: during a call the heap also holds the holes between live
+blocks, so the peak grows (what it bought and cost, measured: ``docs/performance.md``, "The C heap").
 
 ``RLVR_HEAP=system`` keeps glibc's defaults. On a C library other than glibc (macOS, musl) nothing changes.
 

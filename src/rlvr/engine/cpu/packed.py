@@ -5,44 +5,23 @@ layout a kernel reads fastest. The kernels ("kinds") this module packs for and c
 
 - ``mkldnn``: oneDNN's float32 kernel (``mkldnn._linear_pointwise``), any row count;
 - ``mkl``: MKL's float32 kernel (``mkl._mkl_linear``), one row count, fixed at packing;
-- ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products on AMX tiles
-  (~16 bits of each product where float32 keeps ~22), any row count, where the CPU has AMX;
+- ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products (where there is AMX);
 - ``fma``: rlvr's float32 kernel for a few dozen rows (``fma_linear``), AVX2 and FMA, any row count;
 - ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for;
-- ``bf16x1``: rlvr's AMX kernel as one plain bfloat16 product (the same product as ``bf16``, summed in another
-  order, its output kept in float32 where oneDNN's rounds it to bfloat16), when ``precision="bfloat16"`` and
-  ``RLVR_MATMUL=bf16x1`` are asked for (``bfloat16_kind``).
+- ``bf16x1``: rlvr's AMX kernel as one bfloat16 product summed in float32, with bfloat16 and ``RLVR_MATMUL=bf16x1``.
 
-Which kind a use gets (``fastest_kind``): a fixed preference, not timing, so that every process of a machine (two
-runs of one seed, a resume, a Ray replica and the driver) rounds the same way: the AMX kernel where it runs, else
-oneDNN's float32 kernel where this torch has it, else a plain ``F.linear``. Timing picked among kernels whose speeds
-are close, and under load picked differently in each process (measured: two runs of one seed on tiny differed from
-step 0). ``RLVR_MATMUL=timed`` times a plain ``F.linear``, MKL's, oneDNN's and the FMA kernel once per process, on
-first use, and keeps the fastest (runs then repeat only as far as the timings do); ``RLVR_MATMUL=plain`` (or ``mkl``,
-``mkldnn``, ``fma``, ``bf16x3``) fixes the choice, for runs that must repeat bit for bit across machines: rounding
-changes which rare token a draw lands on, so each kind gives one seed its own trajectory. ``RLVR_MATMUL=bf16x1`` is
-``bf16x3`` for float32 products, and the one-product form for bfloat16 ones.
+Invariants: the kind a use gets (``fastest_kind``) is a fixed preference, not a timing, so every process of a machine
+(two runs of one seed, a resume, a Ray replica and the driver) rounds alike; ``RLVR_MATMUL`` fixes it or asks for
+``timed``, and each kind gives a seed its own trajectory. Two users: the sampler's decode steps (``decode.py`` packs its
+fused projections) and the trainer (``pack_frozen_linears``: a packed weight and its packed transpose for every frozen
+``nn.Linear``; never MKL's, the FMA or the AMX kernel's float32 form). In bfloat16 both users multiply on one kernel
+(``bfloat16_kind``), so they compute a token's logprob alike. A model is packed only where its copies fit in
+``PACK_MEMORY_FRACTION`` of the machine's memory (``packs_fit``), the same answer in every process of a machine.
 
-Two users: the sampler's decode steps (``decode.py`` packs its fused projections) and the trainer
-(``pack_frozen_linears`` gives every frozen ``nn.Linear`` a packed weight and its packed transpose, so the forward
-product and the input gradient both run on oneDNN's kernel: float32 where timing picks it, bfloat16 when asked). The
-trainer never takes MKL's, the FMA or the AMX kernel's float32 form. In bfloat16 both users multiply on one kernel,
-``bfloat16_kind``, so that the two compute a token's logprob alike: oneDNN's, or with ``RLVR_MATMUL=bf16x1`` the AMX
-kernel's one-product form in the trainer's forward products and the sampler's (the input gradients stay on oneDNN's
-bfloat16 kernel, faster at a batch's thousands of rows). Each pack is one more copy of the weights (the trainer's
-two), so a model is packed only where its copies fit in ``PACK_MEMORY_FRACTION`` of the machine's memory
-(``packs_fit``: a 0.5B model's float32 copies on 24 GiB, not a 1B model's); the same answer in every process of a
-machine, so they round alike.
-
-Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default.
-``precision="bfloat16"`` (``Engine(precision=...)``, the ``precision`` config key, or ``RLVR_PRECISION``) runs every
-frozen base matmul, trainer and sampler alike, on ``bfloat16_kind``'s kernel; the sampler and the trainer then agree
-only to bfloat16 rounding.
-
-What each kind measured, what it costs in sampler/trainer agreement, and what was tried instead:
-docs/performance.md.
-
-Not here: which weights are fused (``decode.py``), LoRA (``lora.py``), the AMX kernel itself (``amx_linear.py``).
+Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default;
+``precision="bfloat16"`` runs every frozen base matmul on ``bfloat16_kind``'s kernel, and the sampler and the trainer
+then agree only to bfloat16 rounding. What each kind measured: ``docs/performance.md`` ("Prepacked matmuls"). Not
+here: which weights are fused (``decode.py``), LoRA (``lora.py``), the AMX kernel itself (``amx_linear.py``).
 """
 
 from __future__ import annotations

@@ -3,27 +3,22 @@ kernels of ``kernels.py`` (Triton's, or the plain-torch references), instead of 
 
 The structure follows the CPU's decode step (``engine/cpu/decode.py``), with what suits a GPU:
 
-- each projection is one matmul on the model's own frozen weight (no copy), plus, per active LoRA adapter, its
-  low-rank product beside it, ``(x A^T) B^T * scale`` as peft computes it (adapters stay unmerged and are read from
-  their modules at every step, so an optimizer step on them is seen by the next decode step);
-- the residual stream's add is fused into the next RMSNorm (``rms_norm(delta, weight, eps, residual)``), the MLP's
-  SiLU(gate) * up is one kernel, the rotary embedding is applied in place to the queries and new keys (after Qwen3's
-  q/k RMSNorm, a norm call over each head);
-- keys and values live in per-layer buffers (R, G, capacity, D) reserved at ``start`` for the whole decode, each
-  row's columns packed from column 0 (a prompt's left padding is dropped when it is copied in), so one length per
-  row says what attention reads; a step writes each row's new column at its length, then attends over the lengths
-  plus one (``decode_attention``: grouped-query, split over the columns);
+- each projection is one matmul on the model's own frozen weight, plus per active LoRA adapter ``(x A^T) B^T *
+  scale`` beside it (unmerged, read from their modules at every step, so an optimizer step is seen by the next one);
+- the residual add is fused into the next RMSNorm, SiLU(gate) * up is one kernel, the rotary embedding is applied in
+  place (after Qwen3's q/k RMSNorm);
+- keys and values live in per-layer buffers (R, G, capacity, D) reserved at ``start``, each row's columns packed from
+  column 0, so one length per row says what attention reads (``decode_attention``: grouped-query, split over columns);
 - ``step`` runs on fixed buffers with no host synchronisation, so it can be captured as a CUDA graph per batch size.
 
-Prompts are prefilled by the model's own forward (``sampler.prefill``); ``start`` takes the cache it returns. A
-row's logits equal the model's forward with a cache up to the rounding of its dtype (float32: ~1e-5; bfloat16: the
-kernels round where the modules round, the attention's sums in another order), which
-``tests/engine/gpu/test_gpu_decode.py`` checks for Llama, Qwen2 and Qwen3, with and without LoRA.
+Prompts are prefilled by the model's own forward (``sampler.prefill``); ``start`` takes its cache. Invariant: a row's
+logits equal the model's forward with a cache up to the rounding of its dtype (float32 ~1e-5; bfloat16: the kernels
+round where the modules round), checked for Llama, Qwen2 and Qwen3 with and without LoRA
+(``tests/engine/gpu/test_gpu_decode.py``).
 
-Supported: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` with SiLU MLPs, full attention and a
-rotary embedding whose table does not depend on the sequence length, heads the kernels take (``Kernels.supports``:
-Triton's, powers of two from 16), optionally wrapped by peft with plain LoRA adapters. Anything else returns ``None``
-from ``GpuDecoder.build``.
+Supported: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` with SiLU MLPs, full attention, a rotary
+table independent of the sequence length and heads the kernels take (``Kernels.supports``), optionally with plain
+peft LoRA adapters. Anything else returns ``None`` from ``GpuDecoder.build``.
 
 Not here: choosing tokens (``device_sampler.py``), the kernels (``kernels.py``, ``triton_kernels.py``).
 """

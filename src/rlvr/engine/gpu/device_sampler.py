@@ -1,35 +1,23 @@
 """The sampler of the GPU paths: batched decoding whose state stays on the device, looked at from the host every few
 steps rather than at every token.
 
-It keeps ``sampler.py``'s contract (the same ``SampleJob`` in, the same ``Sequence_`` out, one logprob per token under
-the model at temperature 1, so at equal weights they equal the trainer's), and decodes the same way: each distinct
-prompt is prefilled once, its cache rows repeated for its samples, then all rows step together through the model's
-own forward, LoRA unmerged (peft's layers), keys and values in a ``GrowingCache`` reserved for prompt + ``max_tokens``
-columns up front (never reallocated). What differs:
+Contract: ``sampler.py``'s (the same ``SampleJob`` in, the same ``Sequence_`` out, one logprob per token under the
+model at temperature 1, so at equal weights they equal the trainer's). Each distinct prompt is prefilled once, its
+cache rows repeated for its samples, then all rows step together through the model's own forward, LoRA unmerged, keys
+and values in a ``GrowingCache`` reserved for prompt + ``max_tokens`` columns up front. What differs from the CPU:
 
-- **No host round trip per token.** Each step draws every row's token, records it and its logprob in device buffers,
-  and checks stop token ids and ``max_tokens`` on the device. Every ``GpuPaths.sync_every`` steps the host looks:
-  stop strings are matched on the text so far (a row ends at the first token whose text contains one, as on the
-  CPU), the batch ends when every row has, and once a quarter of the rows have finished they leave the batch (their
-  cache rows are dropped). Between looks a finished row costs its share of a step. A watched request's tokens are
-  handed out at each look (``sample/watch.py``), and a cancelled one's rows end there.
-- **Random numbers from a counter.** Row r's uniform at step t is a hash of (its request's seed, r's sample index,
-  t), for all rows in one op: a seeded request draws the same numbers whatever is batched with it, with no
-  generator per request to step (a seed gives other tokens here than on the CPU sampler, whose draws come from
-  ``torch.Generator``). Choosing a token is ``sampler.choose_tokens``'s rule (temperature, top-k, top-p, then one
-  inverse-CDF draw), vectorised over rows with their own settings.
+- tokens, logprobs, stop ids and ``max_tokens`` are checked on the device; the host looks every
+  ``GpuPaths.sync_every`` steps (stop strings, finished rows leaving the batch, a watched request's tokens handed
+  out, a cancelled one's rows ended);
+- random numbers come from a counter: row r's uniform at step t hashes (its request's seed, r's sample index, t), so
+  a seeded request draws the same numbers whatever is batched with it (other tokens than on the CPU sampler, whose
+  draws come from ``torch.Generator``); the token is chosen by ``sampler.choose_tokens``'s rule, vectorised;
+- with ``GpuPaths.graphs`` every step runs over fixed buffers (``_FixedStep``), captured once as a CUDA graph and
+  replayed (captured again when finished rows leave; a failed capture runs eagerly, with a warning);
+- with ``GpuPaths.decode_step`` ("triton" or "reference") rows decode through ``gpu/decode.py``'s step instead of
+  the model's forward (``_GraphedDecoder``); not the default until it is measured on a GPU.
 
-- **Fixed steps, replayed as CUDA graphs** (``GpuPaths.graphs``). A decode step's launch cost on the host is the
-  same for 8 rows as for 1024, and at small batches it is most of the step. So every step runs over the same
-  buffers: its token ids and positions, a mask over all of the cache's reserved columns (those not yet written are
-  masked out), and the column it writes, given as a tensor (``_FixedStep``). On CUDA the step is captured once as a
-  graph and replayed at each step; after finished rows leave the batch, it is captured again for the rows left. A
-  capture that fails falls back to running the fixed step eagerly, with a warning. On the CPU the fixed step runs
-  as it is, which is how the tests check it against the eager forward.
-- **rlvr's own decode step, on request** (``GpuPaths.decode_step``): "triton" or "reference" decode through
-  ``gpu/decode.py``'s step (the prompts' cache handed over to it after the prefill) instead of the model's forward,
-  captured as one CUDA graph per row count as ``GpuPaths.graphs`` says (``_GraphedDecoder``); not the default until
-  it is measured on a GPU.
+Why and how each part works: ``docs/performance.md`` ("The GPU sampler").
 
 Not here: the CPU's sampler and decoder (``sampler.py``, ``decode.py``); which requests batch together (the engine).
 """

@@ -1,32 +1,25 @@
 """Autoregressive sampling with a KV cache, returning the logprob of every chosen token.
 
 Requests that arrive together are decoded together. Each distinct prompt is prefilled once and its KV cache
-repeated for its ``num_samples`` rows (a group shares its prefix); then all live rows of all requests decode
-together, one token per step. Rows that finish (a stop token, a stop string, ``max_tokens``) leave the batch, so no
-compute is spent on them. A request's ``watch`` (``watch.py``) is handed each step's tokens as they are drawn, and a
-cancelled request's rows leave the batch at the next step.
+repeated for its ``num_samples`` rows; then all live rows of all requests decode together, one token per step. Rows
+that finish (a stop token, a stop string, ``max_tokens``) leave the batch. A request's ``watch`` (``watch.py``) is
+handed each step's tokens as they are drawn, and a cancelled request's rows leave the batch at the next step.
 
-A seeded request gets the same tokens and logprobs, bit for bit, whatever else is batched with it and wherever it sits
-in the batch: each request draws from its own generator, and on the CPU path every number of a row is computed from that
-row alone. Each prompt is prefilled on its own (``prefill_each``: a padded batch would change the attention's shapes,
-and so its rounding); ``decode.LlamaDecoder`` multiplies on kernels whose rows do not depend on the row count (oneDNN's
-packs, the FMA and AMX kernels; LoRA adapters on oneDNN too) and attends with the fused kernel, whose sums do not depend
-on the padding or the other rows (``decode_attention.c``); and each request's logprobs are taken on its own rows.
-``tests/engine/sample/test_sampler.py`` checks it against neighbours of every kind. Where one of those is missing, a
-batch moves a row's logits in the last bits (~1e-6), which can move a draw that lands on a boundary: Hugging Face's
-forward (architectures other than Llama's), PyTorch's attention ops (no C compiler, or ``RLVR_ATTENTION=torch``), base
-weights too large to pack (``packed.PACK_MAX_BYTES``) or ``RLVR_MATMUL=plain`` or ``mkl``, and the GPU paths. Requests
-sent as one unit (``sample_queue``) are decoded apart from other requests, so they repeat there too.
+Invariants:
 
-Which distribution the logprobs are under: always the model's own next-token distribution at temperature 1,
-before temperature, top-k or top-p reshape it for the draw. That is exactly what the trainer computes for the same
-tokens, so at equal weights ``kl_sample_train`` is ~0 whatever the sampling parameters; the sampling distribution
-itself differs from it whenever temperature != 1 or top-k/top-p truncate.
+- a seeded request gets the same tokens and logprobs, bit for bit, whatever else is batched with it and wherever it
+  sits: it draws from its own generator, each prompt is prefilled on its own (``prefill_each``), and on the CPU path
+  every number of a row is computed from that row alone (``decode.LlamaDecoder``'s row-independent kernels). Where one
+  of those is missing (Hugging Face's forward for other architectures, PyTorch's attention ops, unpacked weights,
+  ``RLVR_MATMUL=plain`` or ``mkl``, the GPU paths) a batch can move a row's logits in the last bits (~1e-6); requests
+  sent as one unit (``sample_queue``) are decoded apart and repeat there too (``tests/engine/sample/test_sampler.py``);
+- the logprobs are always under the model's own distribution at temperature 1, before temperature, top-k or top-p
+  reshape it for the draw: what the trainer computes for the same tokens, so ``kl_sample_train`` is ~0 at equal
+  weights whatever the sampling parameters.
 
-``sample_batch`` is the CPU engine's sampler: decode steps of Llama-family models run through
-``cpu.decode.LlamaDecoder`` (the CPU kernels, imported on this path only), other models through Hugging Face's
-forward. The jobs, the token choice, the draw and the prefill here are shared with the GPU paths' sampler
-(``gpu/device_sampler.py``), whose state stays on the device; the engine picks one of the two.
+``sample_batch`` is the CPU engine's sampler (Llama-family decode steps through ``cpu.decode``, imported on this path
+only; other models through Hugging Face's forward). The jobs, the token choice, the draw and the prefill are shared
+with the GPU paths' sampler (``gpu/device_sampler.py``); the engine picks one of the two.
 
 Not here: which requests are batched together and which sampler runs (the engine), vLLM
 (``rlvr.distributed.vllm_sampler``).
