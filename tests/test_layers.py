@@ -56,6 +56,9 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
      "packages: rl/ must not 'import torch': rlvr.fileio is what every layer writes run files with"),
     ("rlvr.model_names", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
      "packages: rl/ must not 'import torch': rlvr.model_names is what rl/ and engine/ share, so it stays torch-free"),
+    ("rlvr.loss_inputs", ("torch", "rlvr.engine", "rlvr.rl", "rlvr.client"),
+     "packages: rl/ and app/ must not 'import torch': rlvr.loss_inputs is the loss table's names and inputs that "
+     "rlvr train --help lists, so it stays torch-free"),
     ("rlvr.engine.gpu", ("rlvr.engine.cpu",),
      "the engine's rooms: the GPU paths never load the CPU kernels (a CUDA engine imports none of them)"),
     ("rlvr.engine.cpu", ("rlvr.engine.gpu",), "the engine's rooms: the CPU kernels know nothing of the GPU paths"),

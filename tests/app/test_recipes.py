@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from rlvr.app.recipes import RECIPES
+from rlvr.app.recipes import PRESETS as RECIPES
 from rlvr.app.settings import resolve_config
 from rlvr.rl.config import save_config
 
