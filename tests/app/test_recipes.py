@@ -234,3 +234,17 @@ def test_each_recipes_data_rule_is_what_its_source_does(tmp_path):
             assert recipe.data is Data.PACKAGE
             with pytest.raises(ConfigurationError, match=f"data: {name} takes one file"):
                 build_source(resolve_config(recipe=name, base={"data": {"train": str(file)}}))
+
+
+def test_data_hub_for_a_source_without_a_hub_data_set_is_refused_by_name():
+    class Local:  # a ProblemSource class that reads files only
+        def __init__(self, data, test_fraction=0.1):
+            self.data = data
+
+    recipe = register(Recipe(name="local-only", description="d", origin="o", presets={"base_model": "tiny"},
+                             data=Data.FILE, problems=lambda: Local))
+    try:
+        with pytest.raises(ConfigurationError, match="data=hub: recipe 'local-only' names no hub data set"):
+            build_source(resolve_config(recipe="local-only", overrides=["data=hub"]))
+    finally:
+        del rlvr.app.recipes.RECIPES[recipe.name]

@@ -63,14 +63,21 @@ def _problem_source(recipe: Recipe, config: TrainConfig) -> Any:
             raise ConfigurationError(f"recipe {config.recipe!r} needs data: --data PATH (a local {config.recipe} "
                                      "JSONL/JSON/Parquet file, or split: file pairs in the config), or data=hub "
                                      "on a machine that reaches the Hugging Face hub")
-        args.append(cls.hub() if config.data == "hub" else config.data)
+        if config.data == "hub":
+            hub = getattr(cls, "hub", None)
+            if hub is None:
+                raise ConfigurationError(f"data=hub: recipe {config.recipe!r} names no hub data set; give a local "
+                                         "file")
+            args.append(hub())
+        else:
+            args.append(config.data)
         if isinstance(config.data, dict):
             kwargs.pop("test_fraction", None)
     try:
         return cls(*args, **kwargs)
     except TypeError as exc:
         valid = {p for klass in cls.__mro__ if "__init__" in vars(klass)
-                 for p in inspect.signature(klass.__init__).parameters if p not in ("self", "args", "kwargs")}
+                 for p in inspect.signature(vars(klass)["__init__"]).parameters if p not in ("self", "args", "kwargs")}
         unknown = [key for key in kwargs if key not in valid]
         hint = "".join(f" (task.{key}: did you mean task.{close[0]}?)" for key in unknown
                        if (close := difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)))

@@ -6,10 +6,15 @@ The prompt asks for only the number, and the grader credits just that: the whole
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlvr.app.recipes.base import Data, Recipe
 
+if TYPE_CHECKING:
+    from rlvr.tasks.base import ProblemSource
 
-def _problems() -> type:
+
+def _problems() -> type[ProblemSource]:
     from rlvr.tasks import ArithmeticSource
 
     return ArithmeticSource

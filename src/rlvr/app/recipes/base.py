@@ -28,6 +28,7 @@ from rlvr.model_names import unaliased
 
 if TYPE_CHECKING:
     from rlvr.app.settings import TrainConfig
+    from rlvr.tasks.base import ProblemSource
 
 __all__ = ["QUICK", "Data", "Recipe", "quick_presets"]
 
@@ -60,7 +61,7 @@ class Recipe:
     for the model it names in ``base_model``."""
     data: Data
     """What ``data=`` it takes."""
-    problems: Callable[[], type] | None = None
+    problems: Callable[[], type[ProblemSource]] | None = None
     """Returns its ``ProblemSource`` class (imported when called); ``task`` is the class's keyword arguments."""
     env: Callable[[TrainConfig], Any] | None = None
     """For an env recipe: the config -> its env dataset (``envs.RLDataset``), its ``task`` keys checked."""

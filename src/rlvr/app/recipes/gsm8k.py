@@ -7,10 +7,15 @@ validation split cut from GSM8K train (docs/training.md#gsm8k-and-mbpp-on-2-core
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlvr.app.recipes.base import Data, Recipe
 
+if TYPE_CHECKING:
+    from rlvr.tasks.base import ProblemSource
 
-def _problems() -> type:
+
+def _problems() -> type[ProblemSource]:
     from rlvr.tasks import Gsm8kSource
 
     return Gsm8kSource

@@ -9,10 +9,15 @@ the arithmetic recipe's loop settings (docs/training.md).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlvr.app.recipes.base import Data, Recipe
 
+if TYPE_CHECKING:
+    from rlvr.tasks.base import ProblemSource
 
-def _problems() -> type:
+
+def _problems() -> type[ProblemSource]:
     from rlvr.tasks import ReasoningGymSource
 
     return ReasoningGymSource

@@ -7,10 +7,15 @@ steps seen in training, so held-out accuracy measures composition, not recall.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlvr.app.recipes.base import Data, Recipe
 
+if TYPE_CHECKING:
+    from rlvr.tasks.base import ProblemSource
 
-def _problems() -> type:
+
+def _problems() -> type[ProblemSource]:
     from rlvr.tasks import RpnSource
 
     return RpnSource
