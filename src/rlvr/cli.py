@@ -18,7 +18,8 @@ import typer
 import typer.core
 
 from rlvr import startup
-from rlvr.app import recipes
+from rlvr.app.recipes import DEFAULT
+from rlvr.app.settings import QUICK
 
 app = typer.Typer(help="rlvr: reinforcement learning with verifiable rewards, Tinker API, CPU first.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
@@ -123,7 +124,7 @@ def _config(recipe: str | None, config: str | None, data: str | None, overrides:
 @_errors_told
 def train(
     overrides: Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)] = None,
-    recipe: str = typer.Option(None, help=f"The recipe to start from (default: {recipes.DEFAULT}); the recipes are "
+    recipe: str = typer.Option(None, help=f"The recipe to start from (default: {DEFAULT}); the recipes are "
                                           "listed below."),
     config: str = typer.Option(None, "--config", "-c", help="YAML config file (overrides apply on top)."),
     data: str = typer.Option(None, help="Local problem file for the recipe (JSONL/JSON/Parquet)."),
@@ -131,8 +132,8 @@ def train(
                                                                     "the model (loss, reward, data files and their "
                                                                     "fields, model name, run folder), print the "
                                                                     "resolved configuration and stop."),
-    quick: bool = typer.Option(False, "--quick", help=f"A first look: the recipe cut to {recipes.QUICK['steps']} "
-                                                      f"steps and {recipes.QUICK['eval_problems']} held-out problems "
+    quick: bool = typer.Option(False, "--quick", help=f"A first look: the recipe cut to {QUICK['steps']} "
+                                                      f"steps and {QUICK['eval_problems']} held-out problems "
                                                       "(overrides still apply)."),
 ) -> None:
     """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table.

@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlvr.app.recipes import Data, get_recipe
+from rlvr.app.recipes import get_recipe
+from rlvr.app.recipes.base import Data
 from rlvr.app.sources import build_source
 from rlvr.errors import ConfigurationError
 from rlvr.loss_inputs import fed_by

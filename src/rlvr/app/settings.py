@@ -28,7 +28,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from rlvr.app.recipes import DEFAULT, get_recipe, quick_presets
+from rlvr.app.recipes import DEFAULT, get_recipe
 from rlvr.errors import ConfigurationError
 from rlvr.rl.config import LoopConfig
 
@@ -86,7 +86,7 @@ def resolve_config(recipe: str | None = None, config_file: str | Path | None = N
                    overrides: list[str] | None = None, base: dict[str, Any] | None = None,
                    quick: bool = False) -> TrainConfig:
     """The validated config from defaults < recipe < ``base`` (e.g. a saved run's config) < file < overrides;
-    ``quick``: the recipe's presets cut to a first look (``recipes.quick_presets``: a few steps and problems)."""
+    ``quick``: the recipe's presets cut to a first look (:func:`quick_presets`: a few steps and problems)."""
     layers: list[dict[str, Any]] = []
     if base:
         layers.append(base)
@@ -101,6 +101,22 @@ def resolve_config(recipe: str | None = None, config_file: str | Path | None = N
     for layer in [quick_presets(presets) if quick else presets, *layers]:
         merged = merge_layers(merged, layer)
     return build_config(merged)
+
+
+QUICK = {"steps": 3, "eval_problems": 8, "warmup_steps": 10, "save_every": 0}
+"""``--quick``, a first look at a recipe in about a minute: at most this many RL steps, held-out problems and
+warm-up steps (a recipe's own warm-up, shortened), checkpoints only at the end."""
+
+
+def quick_presets(presets: dict[str, Any]) -> dict[str, Any]:
+    """Recipe ``presets`` cut down as :data:`QUICK` says (the file and overrides still apply on top)."""
+    warmup = presets.get("warmup", {})
+    cut = {"steps": min(presets.get("steps", QUICK["steps"]), QUICK["steps"]),
+           "eval_problems": min(presets.get("eval_problems", QUICK["eval_problems"]), QUICK["eval_problems"]),
+           "save_every": QUICK["save_every"]}
+    if warmup.get("steps"):
+        cut["warmup"] = {**warmup, "steps": min(warmup["steps"], QUICK["warmup_steps"])}
+    return {**presets, **cut}
 
 
 def as_config(config: TrainConfig | dict[str, Any] | str | Path | None,

@@ -16,7 +16,8 @@ import difflib
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from rlvr.app.recipes import RECIPES, Data, Recipe, get_recipe
+from rlvr.app.recipes import RECIPES, get_recipe
+from rlvr.app.recipes.base import Data, Recipe
 from rlvr.errors import ConfigurationError
 
 if TYPE_CHECKING:

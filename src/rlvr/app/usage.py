@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlvr.app.checks import rl_losses
-from rlvr.app.recipes import DEFAULT, RECIPES, Recipe
+from rlvr.app.recipes import DEFAULT, RECIPES
+from rlvr.app.recipes.base import Recipe
 from rlvr.app.settings import RUN_FOLDER, TrainConfig, options
 from rlvr.loss_inputs import LOSS_INPUTS
 

@@ -21,10 +21,10 @@ import pkgutil
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rlvr.app.recipes.base import QUICK, Data, Recipe, quick_presets
+from rlvr.app.recipes.base import Data, Recipe
 from rlvr.errors import ConfigurationError
 
-__all__ = ["DEFAULT", "PRESETS", "QUICK", "RECIPES", "Data", "Recipe", "get_recipe", "quick_presets", "register"]
+__all__ = ["DEFAULT", "PRESETS", "RECIPES", "Data", "Recipe", "get_recipe", "register"]
 
 DEFAULT = "arithmetic"
 """The recipe ``rlvr train`` runs when none is named."""

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from rlvr.app.settings import TrainConfig
     from rlvr.tasks.base import ProblemSource
 
-__all__ = ["QUICK", "Data", "Recipe", "quick_presets"]
+__all__ = ["Data", "Recipe"]
 
 
 class Data(enum.Enum):
@@ -113,19 +113,3 @@ class Recipe:
         if another:  # a layer that sets one of these wins over it, as over any preset
             presets = {**presets, **self.other_models}
         return presets
-
-
-QUICK = {"steps": 3, "eval_problems": 8, "warmup_steps": 10, "save_every": 0}
-"""``--quick``, a first look at a recipe in about a minute: at most this many RL steps, held-out problems and
-warm-up steps (a recipe's own warm-up, shortened), checkpoints only at the end."""
-
-
-def quick_presets(presets: dict[str, Any]) -> dict[str, Any]:
-    """Recipe ``presets`` cut down as :data:`QUICK` says (the file and overrides still apply on top)."""
-    warmup = presets.get("warmup", {})
-    cut = {"steps": min(presets.get("steps", QUICK["steps"]), QUICK["steps"]),
-           "eval_problems": min(presets.get("eval_problems", QUICK["eval_problems"]), QUICK["eval_problems"]),
-           "save_every": QUICK["save_every"]}
-    if warmup.get("steps"):
-        cut["warmup"] = {**warmup, "steps": min(warmup["steps"], QUICK["warmup_steps"])}
-    return {**presets, **cut}
