@@ -99,7 +99,7 @@ class _TrainCommand(typer.core.TyperCommand):
         return train_epilog()
 
     @epilog.setter
-    def epilog(self, value: str | None) -> None:  # click sets it; the property writes it
+    def epilog(self, value: str | None) -> None:  # click sets one as it builds the command: not used
         pass
 
 
