@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import typer.rich_utils
 import yaml
 from typer.testing import CliRunner
 
@@ -81,7 +82,10 @@ def plain(markdown: str) -> str:
 
 
 def train_help() -> str:
-    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "2000"})
+    """``rlvr train --help`` as a terminal wide enough for one line per recipe and key shows it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(typer.rich_utils, "MAX_WIDTH", 2000)  # whatever $TERMINAL_WIDTH or $COLUMNS say
+        result = CliRunner().invoke(app, ["train", "--help"])
     assert result.exit_code == 0, result.output
     return result.output
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import typer.rich_utils
 from typer.testing import CliRunner
 
 from rlvr.app.checks import check_loss
@@ -32,7 +33,9 @@ def flat(values: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def help_text() -> str:
-    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "2000"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(typer.rich_utils, "MAX_WIDTH", 2000)  # one line per key, whatever the terminal says
+        result = CliRunner().invoke(app, ["train", "--help"])
     assert result.exit_code == 0, result.output
     return result.output
 
