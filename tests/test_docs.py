@@ -27,7 +27,8 @@ READS_THE_SEEDS = {"tests/test_seed_documents.py", "tests/integrations/tensafe/t
 
 
 def text_files(root: Path) -> list[Path]:
-    """Every text file under ``root`` that ``SCANNED`` names, outside ``NOT_SCANNED`` and hidden or cache folders."""
+    """Every text file under ``root`` that ``SCANNED`` names, outside ``NOT_SCANNED`` and hidden, cache or build
+    folders."""
     found = []
     for name in SCANNED:
         top = root / name
@@ -35,7 +36,7 @@ def text_files(root: Path) -> list[Path]:
             rel = path.relative_to(root).as_posix()
             if (path.is_file() and path.suffix in TEXT and not rel.startswith(NOT_SCANNED)
                     and not any((part.startswith(".") and part != ".ci") or part == "__pycache__"
-                                for part in path.relative_to(root).parts)):
+                                or part.endswith(".egg-info") for part in path.relative_to(root).parts)):
                 found.append(path)
     return found
 

@@ -48,6 +48,7 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
     ("rlvr.fileio", TORCH_FREE, "every layer writes run files with it, so torch-free"),
     ("rlvr.model_names", TORCH_FREE, "shared by the RL layer and the engine, so torch-free"),
     ("rlvr.home", TORCH_FREE, "where the RL layer and the engine find checkpoints, so torch-free"),
+    ("rlvr.loss_inputs", TORCH_FREE, "the loss table's names and inputs, for rlvr train --help, so torch-free"),
     (("rlvr.engine", ("rlvr.engine.engine", "rlvr.engine.gpu")), ("rlvr.engine.gpu",),
      "the GPU paths are chosen in one place, the worker"),
     ("rlvr.engine.gpu", ("rlvr.engine.cpu",), "a CUDA engine loads none of the CPU kernels"),

@@ -15,8 +15,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
+import typer.core
 
 from rlvr import startup
+from rlvr.app.recipes import DEFAULT
+from rlvr.app.settings import QUICK
 
 app = typer.Typer(help="rlvr: reinforcement learning with verifiable rewards, Tinker API, CPU first.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
@@ -85,16 +88,19 @@ def _stop(code: int) -> None:
 OVERRIDES_HELP = "Settings as key=value (dotted keys for nested ones: task.levels=[1,2], distributed.backend=ray)."
 
 
-def _options_epilog() -> str:
-    """Every config key with its type, default and meaning, for `rlvr train --help`."""
-    from rlvr.app.recipes import RECIPES
-    from rlvr.app.settings import options
+class _TrainCommand(typer.core.TyperCommand):
+    """``rlvr train``: the end of its help (the recipes, the config keys with their defaults) is written from the
+    recipe registry and the config when the help is shown (``app/usage.py``), so it lists what the code holds."""
 
-    lines = [f"**Recipes**: {', '.join(RECIPES)} (each presets some of the keys below; see rlvr/app/recipes.py).",
-             "", "**Config keys** (YAML file or key=value; defaults before the recipe's presets):", ""]
-    for key, kind, default, doc in options():
-        lines.append(f"- `{key}` ({kind}, default `{default!r}`): {doc.replace('``', '`')}")
-    return "\n".join(lines)
+    @property  # type: ignore[override]
+    def epilog(self) -> str:
+        from rlvr.app.usage import train_epilog
+
+        return train_epilog()
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:  # click sets one as it builds the command: not used
+        pass
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -114,20 +120,21 @@ def _config(recipe: str | None, config: str | None, data: str | None, overrides:
         raise _fail(exc) from None
 
 
-@app.command(epilog=_options_epilog())
+@app.command(cls=_TrainCommand)
 @_errors_told
 def train(
     overrides: Annotated[list[str] | None, typer.Argument(help=OVERRIDES_HELP, show_default=False)] = None,
-    recipe: str = typer.Option(None, help="arithmetic (default), rpn, gsm8k, math, mbpp, humaneval, textarena or "
-                                          "reasoning-gym."),
+    recipe: str = typer.Option(None, help=f"The recipe to start from (default: {DEFAULT}); the recipes are "
+                                          "listed below."),
     config: str = typer.Option(None, "--config", "-c", help="YAML config file (overrides apply on top)."),
     data: str = typer.Option(None, help="Local problem file for the recipe (JSONL/JSON/Parquet)."),
     check: bool = typer.Option(False, "--check", "--dry-run", help="Check every setting that can be checked without "
                                                                     "the model (loss, reward, data files and their "
                                                                     "fields, model name, run folder), print the "
                                                                     "resolved configuration and stop."),
-    quick: bool = typer.Option(False, "--quick", help="A first look: the recipe cut to 3 steps and 8 held-out "
-                                                      "problems (overrides still apply)."),
+    quick: bool = typer.Option(False, "--quick", help=f"A first look: the recipe cut to {QUICK['steps']} "
+                                                      f"steps and {QUICK['eval_problems']} held-out problems "
+                                                      "(overrides still apply)."),
 ) -> None:
     """Train with RL: by default LoRA on SmolLM2-135M over procedural arithmetic, with a before/after table.
     Every setting is checked before the model loads. SIGTERM or Ctrl-C checkpoint the step in flight and print the

@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from rlvr.app.recipes import RECIPES
+from rlvr.app.recipes import PRESETS as RECIPES
 from rlvr.app.settings import TrainConfig, options, parse_overrides, resolve_config
 from rlvr.errors import ConfigurationError
 from rlvr.precision import PRECISIONS

@@ -25,17 +25,24 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlvr.app.recipes import GENERATED
+from rlvr.app.recipes import get_recipe
+from rlvr.app.recipes.base import Data
 from rlvr.app.sources import build_source
 from rlvr.errors import ConfigurationError
+from rlvr.loss_inputs import fed_by
 
 if TYPE_CHECKING:
     from rlvr.app.settings import TrainConfig
 
-__all__ = ["check_loss", "check_out", "check_run"]
+__all__ = ["check_loss", "check_out", "check_run", "rl_losses"]
 
 RL_INPUTS = frozenset({"logprobs", "advantages"})
 """The ``loss_fn_inputs`` the RL loop's datums carry besides ``target_tokens`` (``rl/datums.py``)."""
+
+
+def rl_losses() -> list[str]:
+    """The built-in losses the RL loop can feed, sorted, without torch: the ones :func:`check_loss` accepts."""
+    return fed_by(RL_INPUTS)
 
 
 def check_run(config: TrainConfig) -> Any:
@@ -43,7 +50,8 @@ def check_run(config: TrainConfig) -> Any:
     refused before torch loads); returns its problem source (or env dataset), its local data read."""
     check_out(config.out)
     source = build_source(config)
-    if config.recipe not in GENERATED and config.data != "hub" and hasattr(source, "splits"):
+    reads_files = get_recipe(config.recipe).data in (Data.FILE, Data.PACKAGE)
+    if reads_files and config.data != "hub" and hasattr(source, "splits"):
         for split in source.splits():  # every record mapped to a problem: a missing field fails here
             source.problems(split)
     check_loss(config.loss_fn, config.loss_fn_config)

@@ -32,7 +32,7 @@ from typing import Any
 from rlvr.app.checks import check_run
 from rlvr.app.commands import user_command
 from rlvr.app.progress import ClippedWatch, StepProgress, evaluation, make_console
-from rlvr.app.settings import TrainConfig, as_config, read_config_file, resolve_config
+from rlvr.app.settings import RUN_FOLDER, TrainConfig, as_config, read_config_file, resolve_config
 from rlvr.app.sft import sft
 from rlvr.app.status import Stopped, running
 from rlvr.errors import ConfigurationError, RunInterrupted
@@ -68,7 +68,8 @@ def train_checked(config: TrainConfig, source: Any, console: Any = None) -> dict
 def with_run_folder(config: TrainConfig) -> TrainConfig:
     """``config`` with its run folder named: the default one is new for each run, named by recipe and time."""
     if not config.out or config.out == TrainConfig.out:
-        return dataclasses.replace(config, out=f"runs/{config.recipe}-{time.strftime('%Y%m%d-%H%M%S')}")
+        return dataclasses.replace(config, out=RUN_FOLDER.format(recipe=config.recipe,
+                                                                 time=time.strftime("%Y%m%d-%H%M%S")))
     return config
 
 

@@ -1,5 +1,5 @@
 """The run application's settings: ``TrainConfig`` (the loop's settings plus the task, its data, its reward and a
-supervised warm-up) and their YAML + ``key=value`` form (the recipes that preset them: ``recipes.py``).
+supervised warm-up) and their YAML + ``key=value`` form (the recipes that preset them: ``recipes/``).
 
     config = resolve_config(recipe="mbpp", config_file="my.yaml", overrides=["steps=40", "task.few_shot=1"])
 
@@ -28,7 +28,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from rlvr.app.recipes import RECIPES, quick_presets, recipe_presets
+from rlvr.app.recipes import DEFAULT, get_recipe
 from rlvr.errors import ConfigurationError
 from rlvr.rl.config import LoopConfig
 
@@ -48,12 +48,17 @@ class WarmupConfig:
     """Checkpoint the warm-up every this many steps (and at its end), so that ``rlvr resume`` continues it."""
 
 
+RUN_FOLDER = "runs/{recipe}-{time}"
+"""The run folder of a ``rlvr train`` whose ``out`` is left unset: a new one for each run, ``{time}`` the start
+time as ``%Y%m%d-%H%M%S`` (``run.with_run_folder``)."""
+
+
 @dataclass
 class TrainConfig(LoopConfig):
     """Everything ``rlvr train`` needs: the loop's settings plus the task, its data and its reward."""
 
-    recipe: str = "arithmetic"
-    """Preset to start from: arithmetic, rpn, gsm8k, math, mbpp, humaneval, reasoning-gym."""
+    recipe: str = DEFAULT
+    """Preset to start from (each is a module of ``app/recipes/``)."""
     task: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the recipe's problem source (levels, num_train, instruction, few_shot, ...)."""
     data: str | dict[str, str] | None = None
@@ -74,16 +79,14 @@ class TrainConfig(LoopConfig):
             if file != "hub" and not Path(file).is_file():
                 raise ConfigurationError(f"data: file {file!r} does not exist (give a local JSONL/JSON/Parquet "
                                          "file, or data=hub where the Hugging Face hub is reachable)")
-        if self.recipe not in RECIPES:
-            raise ConfigurationError(f"recipe={self.recipe!r}: choose one of {sorted(RECIPES)}"
-                                     f"{_nearest(self.recipe, RECIPES)}")
+        get_recipe(self.recipe)  # an unknown name: the recipes there are, and the nearest
 
 
 def resolve_config(recipe: str | None = None, config_file: str | Path | None = None,
                    overrides: list[str] | None = None, base: dict[str, Any] | None = None,
                    quick: bool = False) -> TrainConfig:
     """The validated config from defaults < recipe < ``base`` (e.g. a saved run's config) < file < overrides;
-    ``quick``: the recipe's presets cut to a first look (``recipes.quick_presets``: a few steps and problems)."""
+    ``quick``: the recipe's presets cut to a first look (:func:`quick_presets`: a few steps and problems)."""
     layers: list[dict[str, Any]] = []
     if base:
         layers.append(base)
@@ -92,14 +95,28 @@ def resolve_config(recipe: str | None = None, config_file: str | Path | None = N
     layers.append(parse_overrides(overrides or []))
     if recipe is not None:
         layers.append({"recipe": recipe})
-    name = next((layer["recipe"] for layer in reversed(layers) if "recipe" in layer), "arithmetic")
-    if name not in RECIPES:
-        raise ConfigurationError(f"recipe={name!r}: choose one of {sorted(RECIPES)}{_nearest(name, RECIPES)}")
+    name = next((layer["recipe"] for layer in reversed(layers) if "recipe" in layer), DEFAULT)
     merged: dict[str, Any] = {"recipe": name}
-    presets = recipe_presets(name, layers)
+    presets = get_recipe(name).presets_under(layers)
     for layer in [quick_presets(presets) if quick else presets, *layers]:
         merged = merge_layers(merged, layer)
     return build_config(merged)
+
+
+QUICK = {"steps": 3, "eval_problems": 8, "warmup_steps": 10, "save_every": 0}
+"""``--quick``, a first look at a recipe in about a minute: at most this many RL steps, held-out problems and
+warm-up steps (a recipe's own warm-up, shortened), checkpoints only at the end."""
+
+
+def quick_presets(presets: dict[str, Any]) -> dict[str, Any]:
+    """Recipe ``presets`` cut down as :data:`QUICK` says (the file and overrides still apply on top)."""
+    warmup = presets.get("warmup", {})
+    cut = {"steps": min(presets.get("steps", QUICK["steps"]), QUICK["steps"]),
+           "eval_problems": min(presets.get("eval_problems", QUICK["eval_problems"]), QUICK["eval_problems"]),
+           "save_every": QUICK["save_every"]}
+    if warmup.get("steps"):
+        cut["warmup"] = {**warmup, "steps": min(warmup["steps"], QUICK["warmup_steps"])}
+    return {**presets, **cut}
 
 
 def as_config(config: TrainConfig | dict[str, Any] | str | Path | None,

@@ -85,7 +85,7 @@ class LoopConfig:
     that step on (empty: all problems): the dataset narrows itself (``RLDataset.stage``)."""
     # Optimisation
     loss_fn: str = "importance_sampling"
-    """Built-in loss: importance_sampling, ppo, cispo, dro."""
+    """Built-in loss (a row of the loss table, ``engine/train/losses.py``)."""
     loss_fn_config: dict[str, float] = field(default_factory=dict)
     """Its config, e.g. {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2} for ppo."""
     learning_rate: float = 2e-4

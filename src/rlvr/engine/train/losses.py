@@ -13,7 +13,8 @@ tokens of all datums in a batch), never a mean. Each takes
 
 and returns ``(loss, metrics)``: a scalar tensor and a dict of floats keyed ``name:reduction``.
 
-Adding a loss means one function and one row in ``LOSSES``. Custom losses go through
+Adding a loss means one function and one row in ``LOSSES``, and its inputs in ``rlvr/loss_inputs.py`` (the
+torch-free copy ``rlvr train --help`` reads; a test holds it to this table). Custom losses go through
 ``TrainingClient.forward_backward_custom`` instead.
 """
 
