@@ -124,7 +124,8 @@ def settings_only(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class RunRecord:
-    """A run folder's config, checkpoint lists and summary (see the module docstring).
+    """A run folder's config, checkpoint lists and summary (see the module docstring). It keeps nothing the files
+    do not: two records of one folder (the run application's and the loop's) agree.
 
     ``auxiliary``: where a failure to prune is counted (and logged) instead of raised; pruning frees disk, so a run
     goes on without it. The loop passes its own, so the failures show in ``aux/failures``."""
@@ -172,11 +173,11 @@ class RunRecord:
     @property
     def kind(self) -> RunKind:
         """``rl`` or ``sft``, as ``config.yaml`` records it; for a folder from before it was recorded, ``rl`` when
-        its config names a recipe and ``sft`` otherwise."""
+        its config has RL settings (``recipe``, ``group_size``) and ``sft`` otherwise."""
         values = self.config_values()
         kind = values.get("kind")
-        if kind is None:
-            return "rl" if "recipe" in values else "sft"
+        if kind is None:  # an RL run's config has a recipe (rlvr train) or a group size (the loop alone)
+            return "rl" if "recipe" in values or "group_size" in values else "sft"
         if kind not in RUN_KINDS:
             raise RunFileError(f"{self.run_dir / CONFIG}: kind={kind!r} is not one of {RUN_KINDS}; it was edited by "
                                "hand: set it back")
