@@ -57,6 +57,8 @@ RECORD_KEYS = ("kind", "numerics")
 """The keys the run record adds to ``config.yaml`` beside the settings."""
 _FILES: dict[str, str] = {"rl": checkpoints.FILENAME, "sft": checkpoints.FILENAME, "warmup": checkpoints.WARMUP}
 """Which checkpoint list each kind of entry goes to."""
+_UNTYPED: dict[str, EntryKind] = {checkpoints.FILENAME: "rl", checkpoints.WARMUP: "warmup"}
+"""The kind of a list's entries that do not name one (written before kinds were; sft's always named theirs)."""
 _STATE_PREFIXES = {"rl": "step", "warmup": "warmup", "sft": "sft"}
 
 
@@ -199,7 +201,7 @@ class RunRecord:
     def checkpoints(self, kind: EntryKind) -> list[Checkpoint]:
         """Every complete entry of ``kind``, oldest first (their paths as recorded)."""
         entries = checkpoints.read_checkpoints(self.run_dir, _FILES[kind])
-        typed = [Checkpoint.from_json(entry, kind) for entry in entries]
+        typed = [Checkpoint.from_json(entry, _UNTYPED[_FILES[kind]]) for entry in entries]
         return [entry for entry in typed if entry.kind == kind]
 
     def last(self, kind: EntryKind) -> Checkpoint | None:
