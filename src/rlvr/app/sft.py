@@ -54,7 +54,8 @@ class SftConfig:
     """Checkpoints kept as the run goes: the last this many and the final one; older ones are deleted when a newer
     one is written (0 = keep all), as in ``rlvr train``."""
     out: str = "runs/sft"
-    """Run folder: config.yaml, metrics.jsonl, checkpoints.jsonl (the final state path), checkpoints/."""
+    """Run folder: config.yaml, metrics.jsonl, checkpoints.jsonl (each checkpoint, the final state last),
+    checkpoints/."""
     resume: bool = False
     """Continue from the last checkpoint in ``out`` (one a stop wrote)."""
 

@@ -22,7 +22,8 @@ What a run folder holds, and who writes it here:
 - ``summary.json``: the held-out evaluations of the run's stages (``baseline``, ``after_warmup``, ``after``).
 
 Invariants: an entry is recorded only after its state is complete; a resume starts from the newest entry of its
-kind, with the state, the optimizer and (for the loop) the RNG it had; the kind a folder records never changes.
+kind, with the state, the optimizer and (for the loop) the RNG it had; every entry of a kind goes through
+:meth:`RunRecord.save`, which prunes that kind's states.
 
 Not here: ``status.json`` and the clean stop around a run (``rlvr.app.status``), the loop's rows and rollout pages
 (``tracking.py``, ``rollout_log.py``), what a state holds (``rlvr.engine.checkpoint``).
