@@ -24,21 +24,19 @@ argument parsing (``rlvr.cli``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from rlvr.app.checks import check_run
-from rlvr.app.commands import user_command
 from rlvr.app.progress import ClippedWatch, StepProgress, evaluation, make_console
-from rlvr.app.settings import RUN_FOLDER, TrainConfig, as_config, read_config_file, resolve_config
+from rlvr.app.settings import RUN_FOLDER, TrainConfig, as_config, resolve_config
 from rlvr.app.sft import sft
-from rlvr.app.status import Stopped, running
-from rlvr.errors import ConfigurationError, RunInterrupted
-from rlvr.fileio import append_jsonl, write_atomic
+from rlvr.app.status import running, stopped_at
+from rlvr.errors import RunInterrupted
+from rlvr.fileio import append_jsonl
 from rlvr.precision import base_precision
-from rlvr.rl.config import save_config
+from rlvr.rl.run_record import Checkpoint, RunRecord
 from rlvr.rl.stop import StopRequest
 
 __all__ = ["resume", "train", "train_checked", "with_run_folder"]
@@ -53,16 +51,16 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
 def train_checked(config: TrainConfig, source: Any, console: Any = None) -> dict[str, Any]:
     """:func:`train` on a ``config`` that ``checks.check_run`` passed, with the problem source it returned (``rlvr
     train`` checks before the loop's imports, then comes here, so nothing is checked twice)."""
-    run_dir = Path(config.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    record = RunRecord(config.out)
+    record.run_dir.mkdir(parents=True, exist_ok=True)
     if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
         from rlvr.client import run_precision
 
         config = dataclasses.replace(config, precision=run_precision(config.precision, config.base_model))
-        save_config(config, run_dir / "config.yaml")
+        record.write_config(config, "rl", numerics={"precision": config.precision})
     console = console or make_console()
-    with running(run_dir, console, lambda: _where_stopped(config, run_dir)) as stop:
-        return _train(config, source, run_dir, console, stop)
+    with running(record.run_dir, console, lambda: stopped_at(record, config.steps, config.warmup.steps)) as stop:
+        return _train(config, source, record, console, stop)
 
 
 def with_run_folder(config: TrainConfig) -> TrainConfig:
@@ -71,23 +69,6 @@ def with_run_folder(config: TrainConfig) -> TrainConfig:
         return dataclasses.replace(config, out=RUN_FOLDER.format(recipe=config.recipe,
                                                                  time=time.strftime("%Y%m%d-%H%M%S")))
     return config
-
-
-def _where_stopped(config: TrainConfig, run_dir: Path) -> Stopped:
-    """The step the last checkpoint of a stopped run reached, and the command that continues it."""
-    from rlvr.rl.checkpoints import WARMUP, last_checkpoint
-
-    rl, warm = last_checkpoint(run_dir), last_checkpoint(run_dir, WARMUP)
-    resume = user_command("resume", str(run_dir))
-    if rl is not None and rl["step"] >= config.steps:
-        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", user_command("eval", "--checkpoint",
-                                                                                     str(run_dir)),
-                       "training is complete; its final evaluation was stopped. Evaluate it with:")
-    if rl is not None:
-        return Stopped(rl["step"], f"step {rl['step']}/{config.steps}", resume)
-    if warm is not None:
-        return Stopped(0, f"warm-up step {warm['step']}/{config.warmup.steps}", resume)
-    return Stopped(0, "step 0", resume, "no checkpoint yet; start it again (from step 0) with:")
 
 
 SUMMARY_ROWS = (("pass rate", "test/correct"), ("accuracy", "test/reward/correct/mean"),
@@ -99,33 +80,31 @@ boxed or not); the mean reward."""
 def resume(run_dir: str | Path, overrides: list[str] | None = None, console: Any = None) -> dict[str, Any] | str:
     """Continue the run in ``run_dir`` from its last checkpoint (``steps=N`` in overrides trains further): an RL run
     as :func:`train` does, an ``rlvr sft`` run as :func:`sft` does (returning its final state path)."""
-    run_dir = Path(run_dir)
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        raise ConfigurationError(f"{run_dir} is not a run folder (no config.yaml); `rlvr runs` lists the runs")
-    values = read_config_file(saved)
-    if "recipe" not in values:  # an `rlvr sft` run
+    record = RunRecord(run_dir)
+    values = record.settings()
+    if record.kind == "sft":
         from rlvr.app.settings import build_config, merge_layers, parse_overrides
         from rlvr.app.sft import SftConfig
 
-        merged = merge_layers(values, parse_overrides([*(overrides or []), "resume=true", f"out={run_dir}"]))
+        merged = merge_layers(values, parse_overrides([*(overrides or []), "resume=true", f"out={record.run_dir}"]))
         return sft(build_config(merged, SftConfig), console=console or make_console())
-    config = resolve_config(base=values, overrides=[*(overrides or []), "resume=true", f"out={run_dir}"])
+    config = resolve_config(base=values, overrides=[*(overrides or []), "resume=true", f"out={record.run_dir}"])
     return train(config, console=console)
 
 
-def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: StopRequest) -> dict[str, Any]:
+def _train(config: TrainConfig, source: Any, record: RunRecord, console: Any, stop: StopRequest) -> dict[str, Any]:
     from rich.markup import escape
     from rich.table import Table
 
-    from rlvr.rl.checkpoints import last_checkpoint
     from rlvr.rl.loop import train as loop
 
+    run_dir = record.run_dir
     console.print(f"[bold]rlvr train[/bold] {escape(f'recipe={config.recipe} model={config.base_model} steps=')}"
                   f"{config.steps} -> {escape(str(run_dir))}", highlight=False, soft_wrap=True)
-    config = _after_warmup(config, source, run_dir, console, stop)
+    config = _after_warmup(config, source, record, console, stop)
 
-    start = last_checkpoint(run_dir)["step"] if config.resume else 0
+    resumed = record.last("rl") if config.resume else None  # (_after_warmup keeps resume only where there is one)
+    start = resumed.step if resumed is not None else 0
     watch = ClippedWatch(console, config.max_tokens)
     with StepProgress(console, "step", config.steps, start=start) as progress:
 
@@ -143,7 +122,7 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: 
                        ("after", "the trained model's held-out answers")):
         watch.check("held-out", result.get(when, {}).get("test/clipped"), what)
 
-    summary = _summary(run_dir, result)
+    summary = _summary(record, result)
     table = Table(title=f"rlvr {config.recipe}: {config.base_model}, {config.steps} steps (held-out, greedy)")
     stages = [("Baseline", "baseline"), ("After warm-up", "after_warmup"), ("After", "after")]
     stages = [(title, key) for title, key in stages if key in summary]
@@ -161,18 +140,18 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: 
     return {**result, "summary": summary, "run_dir": str(run_dir)}
 
 
-def _after_warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: StopRequest) -> TrainConfig:
+def _after_warmup(config: TrainConfig, source: Any, record: RunRecord, console: Any, stop: StopRequest
+                  ) -> TrainConfig:
     """The config the loop runs: with a warm-up, RL starts from its final state.
 
     A fresh run warms up first (unless it starts from a checkpoint of its own). A resumed run that has no RL
     checkpoint yet was stopped in the warm-up or before the loop's first checkpoint: the warm-up continues from its
     last checkpoint (or is already complete), and the loop starts again at step 0, its earlier rows dropped. Without
     a warm-up such a run starts again from the beginning."""
-    from rlvr.rl.checkpoints import WARMUP, last_checkpoint
-
-    if config.resume and last_checkpoint(run_dir) is not None:
+    run_dir = record.run_dir
+    if config.resume and record.last("rl") is not None:
         return config
-    warmed = last_checkpoint(run_dir, WARMUP) if config.resume else None
+    warmed = record.last("warmup") if config.resume else None
     if not config.warmup.steps or (config.start_from_checkpoint and warmed is None):
         if config.resume:
             console.print(f"{run_dir} was stopped before its first checkpoint: it starts again from step 0",
@@ -180,7 +159,7 @@ def _after_warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any,
             _drop_loop_rows(run_dir)
             return dataclasses.replace(config, resume=False)
         return config
-    state_path = _warmup(config, source, run_dir, console, warmed, stop)
+    state_path = _warmup(config, source, record, console, warmed, stop)
     if config.resume:
         _drop_loop_rows(run_dir)
     return dataclasses.replace(config, resume=False, start_from_checkpoint=state_path)
@@ -196,60 +175,52 @@ def _drop_loop_rows(run_dir: Path) -> None:
     RolloutLog(run_dir).drop_from(0)
 
 
-def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warmed: dict[str, Any] | None,
+def _warmup(config: TrainConfig, source: Any, record: RunRecord, console: Any, warmed: Checkpoint | None,
             stop: StopRequest) -> str:
     """Supervised warm-up on the source's worked solutions, continued from ``warmed`` (its last checkpoint) when
     there is one; checkpointed every ``warmup.save_every`` steps, at the end and where a stop finds it (pruned as
     ``keep_checkpoints`` says). Returns the state RL starts from."""
     from rlvr.app.sft import encode_pair, supervised_steps
     from rlvr.client import ServiceClient
-    from rlvr.rl.auxiliary import AuxiliaryOutputs
-    from rlvr.rl.checkpoints import WARMUP, last_checkpoint, own_checkpoints, prune_checkpoints, record_checkpoint
     from rlvr.rl.tracking import drop_rows_from
 
-    steps, log = config.warmup.steps, run_dir / "warmup.jsonl"
-    if warmed is not None and warmed["step"] >= steps:
-        return warmed["state_path"]
+    steps, log = config.warmup.steps, record.run_dir / "warmup.jsonl"
+    if warmed is not None and warmed.step >= steps:
+        return warmed.state_path
     service = ServiceClient(precision=base_precision(config.precision))
     with stop.abandonable():  # loading the model: nothing to keep yet
-        if warmed is None:
-            training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
-                                                                  seed=config.seed)
-        else:
-            training_client = service.create_training_client_from_state_with_optimizer(warmed["state_path"])
-    own_checkpoints(run_dir, training_client)
+        training_client = record.open_client(service, warmed, base_model=config.base_model, rank=config.rank,
+                                             seed=config.seed)
+    start = warmed.step if warmed is not None else 0
     if warmed is None:
         log.unlink(missing_ok=True)  # a warm-up starts the run: no earlier rows
         with stop.abandonable():
-            _base_baseline(config, source, run_dir, console, training_client)
+            _base_baseline(config, source, record, console, training_client)
     elif log.exists():
-        drop_rows_from(log, warmed["step"])
+        drop_rows_from(log, start)
     tokenizer = training_client.get_tokenizer()
     problems = source.problems("train")
     examples = [encode_pair(tokenizer, source.render_ids(p, tokenizer), source.demonstration(p)) for p in problems]
-    auxiliary = AuxiliaryOutputs()
-    with StepProgress(console, "warm-up step", steps, start=warmed["step"] if warmed else 0) as progress:
+    with StepProgress(console, "warm-up step", steps, start=start) as progress:
         def on_step(step: int, metrics: dict[str, float]) -> None:
             append_jsonl(log, {"step": step, **metrics})
             progress.update(step + 1, f"loss/token {metrics['train/loss_per_token']:.3f}")
             final = step + 1 == steps
             if (step + 1) % max(config.warmup.save_every, 1) == 0 or final or stop.requested:
-                path = training_client.save_state(f"warmup-{step + 1:06d}").result().path
-                record_checkpoint(run_dir, {"step": step + 1, "state_path": path,
-                                            **({"final": True} if final else {})}, WARMUP)
-                auxiliary.run("checkpoint pruning", prune_checkpoints, run_dir, config.keep_checkpoints, WARMUP)
+                record.save(training_client, "warmup", step + 1, final=final, keep=config.keep_checkpoints)
             if stop.requested and not final:  # a stop at the last step goes on to RL, which stops at once
                 raise RunInterrupted(stop.signum, step + 1)  # type: ignore[arg-type]
 
         losses = supervised_steps(training_client, examples, steps, config.warmup.batch_size,
                                   config.warmup.learning_rate, seed=config.seed, on_step=on_step,
-                                  start=warmed["step"] if warmed else 0)
-    console.print(f"warm-up: steps {warmed['step'] if warmed else 0}-{steps - 1}, loss/token {losses[0]:.3f} -> "
-                  f"{losses[-1]:.3f}")
-    return last_checkpoint(run_dir, WARMUP)["state_path"]  # the step-`steps` one, recorded by the last on_step
+                                  start=start)
+    console.print(f"warm-up: steps {start}-{steps - 1}, loss/token {losses[0]:.3f} -> {losses[-1]:.3f}")
+    warmed = record.last("warmup")
+    assert warmed is not None and warmed.step == steps, "the warm-up's last step records its final checkpoint"
+    return warmed.state_path
 
 
-def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any, training_client: Any) -> None:
+def _base_baseline(config: TrainConfig, source: Any, record: RunRecord, console: Any, training_client: Any) -> None:
     """The held-out evaluation of the base model, before a warm-up changes it (a fresh LoRA adds nothing), as the
     run's ``baseline`` in ``summary.json``; the loop's own first evaluation becomes ``after_warmup``."""
     from rlvr.rewards import RewardRunner
@@ -263,26 +234,24 @@ def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any
         baseline = evaluate_problems(training_client.save_weights_and_get_sampling_client(),
                                      training_client.get_tokenizer(), source, problems, runner, config.max_tokens,
                                      answered)
-    write_atomic(run_dir / "summary.json", json.dumps({"baseline": baseline}, indent=2))
+    record.write_summary({"baseline": baseline})
     console.print(f"base model: {_accuracy_line(baseline)}")
     ClippedWatch(console, config.max_tokens).check("held-out", baseline.get("test/clipped"),
                                                    "the base model's held-out answers")
 
 
-def _summary(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+def _summary(record: RunRecord, result: dict[str, Any]) -> dict[str, Any]:
     """``summary.json``: ``baseline`` (held-out, before the run), ``after_warmup`` (runs with a warm-up: before RL)
     and ``after``. A resumed run keeps the evaluations its earlier part made."""
-    from rlvr.rl.checkpoints import WARMUP, last_checkpoint
-
-    previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    warmed = last_checkpoint(run_dir, WARMUP) is not None and "baseline" in previous
+    previous = record.summary()
+    warmed = record.last("warmup") is not None and "baseline" in previous
     summary = {"baseline": previous.get("baseline", {})}
     if warmed:
         summary["after_warmup"] = result.get("before") or previous.get("after_warmup", {})
     elif result.get("before"):
         summary["baseline"] = result["before"]
     summary["after"] = result.get("after", {})  # none: the source holds no held-out problems
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    record.write_summary(summary)
     return summary
 
 

@@ -31,6 +31,7 @@ import yaml
 from rlvr.app.recipes import DEFAULT, get_recipe
 from rlvr.errors import ConfigurationError
 from rlvr.rl.config import LoopConfig
+from rlvr.rl.run_record import settings_only
 
 
 @dataclass
@@ -188,7 +189,8 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A YAML (or JSON) config file as a dict; a missing or malformed file is a ConfigurationError."""
+    """A YAML (or JSON) config file as a dict of settings (a run folder's ``config.yaml`` without the keys its run
+    record adds: ``run_record.RECORD_KEYS``); a missing or malformed file is a ConfigurationError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigurationError(f"config file {str(path)!r} does not exist")
@@ -198,7 +200,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigurationError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if not isinstance(values, dict):
         raise ConfigurationError(f"config file {str(path)!r}: expected a mapping of settings at the top level")
-    return values
+    return settings_only(values)  # a run folder's config.yaml: without what its run record adds (kind, numerics)
 
 
 def options(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:

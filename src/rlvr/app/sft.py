@@ -7,9 +7,11 @@ The data is a JSONL (or JSON/Parquet) file of ``{"prompt": ..., "completion": ..
 through the model's chat template as a user turn; the completion is the assistant's answer, closed by the
 tokenizer's end-of-turn token, and only its tokens carry weight. Like the RL loop it drives only the client API.
 
-A run of ``rlvr sft`` is a run folder like ``rlvr train``'s: ``status.json``, ``metrics.jsonl``,
-``checkpoints.jsonl`` and the states in ``checkpoints/``. SIGTERM or Ctrl-C finish the step in flight, checkpoint it
-and mark the run interrupted; ``rlvr resume <folder>`` (``resume=true``) continues it to the same weights.
+A run of ``rlvr sft`` is a run folder like ``rlvr train``'s, kept by the same run record (``rlvr.rl.run_record``):
+``config.yaml`` (``kind: sft``), ``status.json``, ``metrics.jsonl``, ``checkpoints.jsonl`` and the states in
+``checkpoints/`` (every ``save_every`` steps and at the end, pruned to ``keep_checkpoints``). SIGTERM or Ctrl-C
+finish the step in flight, checkpoint it and mark the run interrupted; ``rlvr resume <folder>`` (``resume=true``)
+continues it to the same weights.
 
 What it is not: a packing or multi-turn SFT trainer; for those, build datums yourself and call forward_backward.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.errors import ConfigurationError
+from rlvr.rl.run_record import Checkpoint, RunRecord
 
 
 @dataclass
@@ -44,8 +47,15 @@ class SftConfig:
     """AdamW learning rate."""
     seed: int = 0
     """Seeds the LoRA initialisation and the example order."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end); SIGTERM or Ctrl-C also writes one, at the step
+    reached."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept as the run goes: the last this many and the final one; older ones are deleted when a newer
+    one is written (0 = keep all), as in ``rlvr train``."""
     out: str = "runs/sft"
-    """Run folder: config.yaml, metrics.jsonl, checkpoints.jsonl (the final state path), checkpoints/."""
+    """Run folder: config.yaml, metrics.jsonl, checkpoints.jsonl (each checkpoint, the final state last),
+    checkpoints/."""
     resume: bool = False
     """Continue from the last checkpoint in ``out`` (one a stop wrote)."""
 
@@ -57,6 +67,11 @@ class SftConfig:
         for name in ("rank", "steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigurationError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.save_every < 0:
+            raise ConfigurationError(f"save_every={self.save_every}: must be >= 0 (0 saves only at the end)")
+        if self.keep_checkpoints < 0:
+            raise ConfigurationError(f"keep_checkpoints={self.keep_checkpoints}: must be >= 0 (0 keeps every "
+                                     "checkpoint; N keeps the last N and the final one)")
 
 
 def read_pairs(path: str | Path) -> list[tuple[str, str]]:
@@ -129,77 +144,57 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
     RunInterrupted after checkpointing the step reached."""
     import contextlib
 
-    from rlvr.app.commands import user_command
     from rlvr.app.progress import StepProgress, make_console
     from rlvr.app.settings import build_config
-    from rlvr.app.status import Stopped, running
-    from rlvr.rl.config import save_config
+    from rlvr.app.status import running, stopped_at
+    from rlvr.client import ServiceClient
 
     if not isinstance(config, SftConfig):
         config = build_config(dict(config), SftConfig)
-    run_dir = Path(config.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = _resumed_step(config, run_dir)
-    save_config(dataclasses.replace(config, resume=False), run_dir / "config.yaml")
-
-    def stopped() -> Stopped:
-        from rlvr.rl.checkpoints import last_checkpoint
-
-        done = (last_checkpoint(run_dir) or {}).get("step", 0)
-        return Stopped(done, f"step {done}/{config.steps}", user_command("resume", str(run_dir)))
-
+    record = RunRecord(config.out)
+    resumed = record.resume_point("sft", config.steps) if config.resume else None  # None: from step 0
+    service = ServiceClient()
+    record.write_config(dataclasses.replace(config, resume=False), "sft",
+                        numerics={"precision": service.engine.precision})
+    start = resumed.step if resumed is not None else 0
     shown = contextlib.nullcontext() if console is None else StepProgress(console, "step", config.steps, start=start)
-    with running(run_dir, console or make_console(), stopped, kind="sft") as stop, shown as bar:
+    with running(record.run_dir, console or make_console(), lambda: stopped_at(record, config.steps),
+                 kind="sft") as stop, shown as bar:
         def show(step: int, metrics: dict[str, float]) -> None:
             if bar is not None:
                 bar.update(step + 1, f"loss/token {metrics['train/loss_per_token']:.4f}")
             if progress is not None:
                 progress(step, metrics)
 
-        return _sft(config, run_dir, start, stop, show)
+        return _sft(config, record, service, resumed, stop, show)
 
 
-def _resumed_step(config: SftConfig, run_dir: Path) -> int:
-    """The step a resume continues from (0: a fresh run, or one stopped before its first checkpoint)."""
-    from rlvr.rl.checkpoints import last_checkpoint
-
-    last = last_checkpoint(run_dir) if config.resume else None
-    if last is not None and last["step"] >= config.steps:
-        raise ConfigurationError(f"the last checkpoint in {run_dir} is at step {last['step']} and steps="
-                                 f"{config.steps}: nothing remains to train; raise steps to continue")
-    return last["step"] if last is not None else 0
-
-
-def _sft(config: SftConfig, run_dir: Path, start: int, stop: Any,
+def _sft(config: SftConfig, record: RunRecord, service: Any, resumed: Checkpoint | None, stop: Any,
          on_step: Callable[[int, dict[str, float]], None]) -> str:
-    from rlvr.client import ServiceClient
+    """The steps of :func:`sft` from ``resumed`` (a checkpoint of the run, or None: from step 0), each saved as
+    ``save_every`` says and where a stop finds it; returns the final state's path."""
     from rlvr.errors import RunInterrupted
-    from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, record_checkpoint
     from rlvr.rl.tracking import open_trackers
 
     pairs = read_pairs(config.data)
-    service = ServiceClient()
     with stop.abandonable():  # loading the model: nothing to keep yet
-        if start:
-            training_client = service.create_training_client_from_state_with_optimizer(
-                last_checkpoint(run_dir)["state_path"])
-        else:
-            training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
-                                                                  seed=config.seed)
-    own_checkpoints(run_dir, training_client)
+        training_client = record.open_client(service, resumed, base_model=config.base_model, rank=config.rank,
+                                             seed=config.seed)
     tokenizer = training_client.get_tokenizer()
     examples = [encode_pair(tokenizer, p, c) for p, c in pairs]
-    with open_trackers([], run_dir, start_step=start if config.resume else None) as tracker:
+    start = resumed.step if resumed is not None else 0
+    with open_trackers([], record.run_dir, start_step=start if config.resume else None) as tracker:
         def step_done(step: int, metrics: dict[str, float]) -> None:
             tracker.log(metrics, step)
             on_step(step, metrics)
-            if stop.requested and step + 1 < config.steps:
-                path = training_client.save_state(f"sft-{step + 1:06d}").result().path
-                record_checkpoint(run_dir, {"step": step + 1, "state_path": path, "kind": "sft"})
-                raise RunInterrupted(stop.signum, step + 1)
+            done = step + 1
+            if done == config.steps:  # the final state is saved below
+                return
+            if stop.requested or (config.save_every and done % config.save_every == 0):
+                record.save(training_client, "sft", done, keep=config.keep_checkpoints)
+            if stop.requested:
+                raise RunInterrupted(stop.signum, done)
 
         supervised_steps(training_client, examples, config.steps, config.batch_size, config.learning_rate,
                          seed=config.seed, on_step=step_done, start=start)
-    path = training_client.save_state("sft-final").result().path
-    record_checkpoint(run_dir, {"step": config.steps, "state_path": path, "kind": "sft", "final": True})
-    return path
+    return record.save(training_client, "sft", config.steps, final=True, keep=config.keep_checkpoints).state_path

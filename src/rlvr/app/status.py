@@ -10,6 +10,9 @@ printed. ``rlvr runs`` reads these files; a run marked running whose process is 
 entering the block (a fresh or resumed ``rlvr train`` or ``rlvr sft`` run) is added to the run index
 (``home.index_run``), so ``rlvr runs`` finds it wherever its folder is.
 
+:func:`stopped_at` tells where a stopped run stands from its run record (``rlvr.rl.run_record``), for ``rlvr train``
+and ``rlvr sft`` alike.
+
 What it is not: the checkpoint a stop writes (the loop's ``finish_step``, the warm-up's and sft's step callbacks).
 """
 
@@ -26,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlvr.app.commands import user_command
 from rlvr.errors import RunInterrupted
 from rlvr.fileio import write_atomic
 from rlvr.home import index_run, run_index
+from rlvr.rl.run_record import RunRecord
 from rlvr.rl.stop import StopRequest
 
-__all__ = ["Stopped", "mark", "running", "write_status"]
+__all__ = ["Stopped", "mark", "running", "stopped_at", "write_status"]
 
 logger = logging.getLogger("rlvr.run")
 
@@ -48,6 +53,23 @@ class Stopped:
     """The one command that continues it."""
     note: str = ""
     """What the command does, when not a plain resume."""
+
+
+def stopped_at(record: RunRecord, steps: int, warmup_steps: int = 0) -> Stopped:
+    """Where a stopped run stands, from what its record reached (``RunRecord.reached``): the step of its last
+    checkpoint (0 in the warm-up of ``warmup_steps`` or before any), and the command that continues it; ``rlvr
+    eval`` when training reached ``steps`` and only the final evaluation was stopped."""
+    reached = record.reached()
+    resume = user_command("resume", str(record.run_dir))
+    if reached is None:
+        return Stopped(0, "step 0", resume, "no checkpoint yet; start it again (from step 0) with:")
+    if reached.kind == "warmup":
+        return Stopped(0, f"warm-up step {reached.step}/{warmup_steps}", resume)
+    where = f"step {reached.step}/{steps}"
+    if reached.step >= steps:
+        return Stopped(reached.step, where, user_command("eval", "--checkpoint", str(record.run_dir)),
+                       "training is complete; its final evaluation was stopped. Evaluate it with:")
+    return Stopped(reached.step, where, resume)
 
 
 def write_status(run_dir: Path, status: str, **extra: Any) -> None:

@@ -1,5 +1,6 @@
-"""Loop checkpoints: which training state to resume from, the loop state that goes with it, where the states live and
-which are kept.
+"""A run folder's checkpoint lists as files: where the states live, which entry a resume starts from, which states
+are kept. The run record (``run_record.py``) is their one writer: it saves a state through a training client and
+records it here as a typed entry; these functions read and write the plain JSON lines.
 
 Each checkpoint is a ``save_state`` (weights, AdamW, RNG; written atomically by the engine) plus one JSON line in the
 run folder's ``checkpoints.jsonl``: the step to continue from, the state path, the loop's RNG. The line is written
@@ -13,6 +14,9 @@ frees them; their ``rlvr://`` paths keep resolving through ``$RLVR_HOME`` (``rlv
 keeps the last ``keep`` of them and every final one, and never the newest, which a resume starts from. Runs from
 before run folders owned their checkpoints keep them under ``$RLVR_HOME/checkpoints``; they load and resume as
 before, and pruning leaves them alone (it deletes only what the run folder holds).
+
+Not here: what an entry holds and which kinds there are (``run_record.Checkpoint``), what a state holds
+(``rlvr.engine.checkpoint``).
 """
 
 from __future__ import annotations
@@ -39,17 +43,26 @@ def last_checkpoint(run_dir: Path, filename: str = FILENAME) -> dict[str, Any] |
     """The newest complete entry of ``checkpoints.jsonl`` (or ``filename``), or None when there is none. Its
     ``state_path`` is one that loads: the recorded path, or the run folder's own copy of it when the folder moved or
     ``$RLVR_HOME`` changed since."""
-    path = Path(run_dir) / filename
-    if not path.exists():
-        return None
-    entries = read_jsonl(path, bad_lines="skip")
+    entries = read_checkpoints(run_dir, filename)
     if not entries:
         return None
     entry = entries[-1]
-    moved = run_copy(run_dir, entry["state_path"])
-    if moved is not None and not (resolve(entry["state_path"]) / "rlvr.json").exists():
-        entry = {**entry, "state_path": str(moved)}
-    return entry
+    return {**entry, "state_path": loadable_path(run_dir, entry["state_path"])}
+
+
+def read_checkpoints(run_dir: Path, filename: str = FILENAME) -> list[dict[str, Any]]:
+    """The complete entries of ``checkpoints.jsonl`` (or ``filename``), oldest first (none: no file yet)."""
+    path = Path(run_dir) / filename
+    return read_jsonl(path, bad_lines="skip") if path.exists() else []
+
+
+def loadable_path(run_dir: Path, state_path: str) -> str:
+    """``state_path`` as recorded in ``run_dir``'s checkpoints, or the run folder's own copy of it when the recorded
+    one no longer loads (the folder moved, or ``$RLVR_HOME`` changed)."""
+    moved = run_copy(run_dir, state_path)
+    if moved is not None and not (resolve(state_path) / "rlvr.json").exists():
+        return str(moved)
+    return state_path
 
 
 def own_checkpoints(run_dir: Path, training_client: Any) -> None:

@@ -10,9 +10,10 @@ A mode (``train_sync``, ``train_streamed``, ``train_off_policy``) is a ``for ste
 5. :func:`finish_step` -- wait for training, then log, evaluate, checkpoint (and stop, when a stop was asked for:
    ``stop.py``).
 
-:func:`open_run` sets a run up (a fresh client, or the last checkpoint's state and loop RNG; its checkpoints kept in
-the run folder) and closes what it opened; :func:`held_out` is the held-out evaluation, shown as it goes. Everything
-here drives the client API only (``rlvr.ServiceClient`` and its clients).
+:func:`open_run` sets a run up through its run record (``run_record.py``: a fresh client, or the last checkpoint's
+state and loop RNG; its checkpoints kept in the run folder) and closes what it opened; :func:`held_out` is the
+held-out evaluation, shown as it goes. Everything here drives the client API only (``rlvr.ServiceClient`` and its
+clients).
 
 Not here: the order of the phases (``loop.py``), how a step's groups play (``rollouts.py``), datums of one trajectory
 (``envs.trajectory_datums``), the losses (``engine/train/losses.py``).
@@ -38,13 +39,13 @@ from rlvr.metrics import reduce_metrics
 from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.auxiliary import AuxiliaryOutputs
-from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, prune_checkpoints, record_checkpoint
-from rlvr.rl.config import LoopConfig, recorded_precision, save_config
+from rlvr.rl.config import LoopConfig, recorded_precision
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
 from rlvr.rl.problems import SourceDataset
 from rlvr.rl.rollout_log import RolloutLog
 from rlvr.rl.rollouts import Rollout, Rollouts, check_dataset
+from rlvr.rl.run_record import RunRecord
 from rlvr.rl.stop import StopRequest
 from rlvr.rl.tracking import Trackers, open_trackers
 from rlvr.tasks.base import ProblemSource
@@ -72,6 +73,8 @@ class LoopRun:
     auxiliary: AuxiliaryOutputs
     """Counts the failures of the rollout pages, curves and tracker backends."""
     rollout_log: RolloutLog | None
+    record: RunRecord
+    """The run folder's config, checkpoints and summary: every checkpoint is saved through it."""
     rng: random.Random
     """The loop's RNG (sampling seeds), saved with each checkpoint."""
     start_step: int
@@ -132,30 +135,24 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     check_dataset(config, dataset)  # before any work
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
+    auxiliary = AuxiliaryOutputs()  # rollout pages, curves, tracker backends, pruning: failures counted, not raised
+    record = RunRecord(run_dir, auxiliary)
     precision = _precision(config, run_dir)
     with stop.abandonable():  # starting Ray and its actors: nothing to keep yet
         service, runner = _backend(config, dataset, precision)
     stop.reclaim_signals()  # ray.init takes SIGTERM for itself
     start_step, rng = 0, random.Random(config.seed)
-    resumed = last_checkpoint(run_dir) if config.resume else None
+    resumed = record.resume_point("rl", config.steps) if config.resume else None
     if config.resume and resumed is None:
         raise ConfigurationError(f"resume=True but {run_dir} has no checkpoints.jsonl entry to resume from")
-    if resumed is not None and resumed["step"] >= config.steps:
-        raise ConfigurationError(f"the last checkpoint in {run_dir} is at step {resumed['step']} and steps="
-                                 f"{config.steps}: nothing remains to train; raise steps to continue")
     with stop.abandonable():  # loading the model: nothing to keep yet
-        if resumed is not None:
-            training_client = service.create_training_client_from_state_with_optimizer(resumed["state_path"])
-            start_step = resumed["step"]
-            rng.setstate(_rng_state(resumed["rng"]))
-        elif config.start_from_checkpoint:
-            training_client = service.create_training_client_from_state(config.start_from_checkpoint)
-        else:
-            training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
-                                                                   seed=config.seed)
-    own_checkpoints(run_dir, training_client)
-    save_config(dataclasses.replace(config, resume=False, precision=precision),  # the settings now in force
-                run_dir / "config.yaml")
+        training_client = record.open_client(service, resumed, base_model=config.base_model, rank=config.rank,
+                                             seed=config.seed, start_from=config.start_from_checkpoint)
+    if resumed is not None:
+        start_step = resumed.step
+        rng.setstate(resumed.random_state())
+    record.write_config(dataclasses.replace(config, resume=False, precision=precision), "rl",  # now in force
+                        numerics={"precision": precision})
     tokenizer = training_client.get_tokenizer()
     with contextlib.ExitStack() as stack:
         if hasattr(service, "close"):  # Ray: the actors of a stopped or failed run end with it; a finished run's
@@ -164,7 +161,6 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
         stack.callback(rollouts.close)
         reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
                      if config.kl_penalty_coef > 0 else None)
-        auxiliary = AuxiliaryOutputs()  # rollout pages, curves, tracker backends: failures counted, not raised
         # A resume re-runs the steps from the checkpoint's on: their rows and rollout files from before the stop are
         # dropped, so the run's files hold each step once (as the re-run logs it).
         tracker = stack.enter_context(open_trackers(config.trackers, run_dir, asdict(config), auxiliary,
@@ -173,7 +169,7 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
         if resumed is not None:
             RolloutLog(run_dir).drop_from(start_step)
         yield LoopRun(config, run_dir, service, training_client, rollouts, tracker, auxiliary,
-                      rollout_log, rng, start_step,
+                      rollout_log, record, rng, start_step,
                       types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress,
                       stop, show_evaluation)
 
@@ -317,11 +313,8 @@ def finish_step(run: LoopRun, work: StepWork) -> None:
 
 def save_checkpoint(run: LoopRun, steps_done: int, final: bool) -> None:
     """Save the state after ``steps_done`` steps with the loop's RNG, record it, and delete the checkpoints
-    ``keep_checkpoints`` no longer keeps (a failure to delete is logged; training goes on)."""
-    path = run.training_client.save_state(f"step-{steps_done:06d}").result().path
-    record_checkpoint(run.run_dir, {"step": steps_done, "state_path": path, "rng": run.rng.getstate(),
-                                    **({"final": True} if final else {})})
-    run.auxiliary.run("checkpoint pruning", prune_checkpoints, run.run_dir, run.config.keep_checkpoints)
+    ``keep_checkpoints`` no longer keeps (a failure to delete is logged; training goes on): ``RunRecord.save``."""
+    run.record.save(run.training_client, "rl", steps_done, final=final, keep=run.config.keep_checkpoints, rng=run.rng)
 
 
 def _training_metrics(work: StepWork) -> dict[str, float]:
@@ -405,8 +398,3 @@ def check_vllm_arithmetic(config: LoopConfig, precision: str) -> None:
         "default), or raise sampler_tolerance above the gap (about 0.15 for a bfloat16 trainer beside float32 vLLM "
         "on smollm2), accepting that the probe then only catches larger staleness")
 
-
-def _rng_state(saved: list) -> tuple:
-    """random.Random state from its JSON form (lists back to tuples)."""
-    version, internal, gauss = saved
-    return version, tuple(internal), gauss
