@@ -211,19 +211,21 @@ def test_an_rl_run_folder_from_before_the_record_resumes_to_the_uninterrupted_ru
     old = copy_old_run("rl", tmp_path / "old" / "run")
     straight = train(config(tmp_path / "straight", **settings), SayA())
     before = read_jsonl(OLD_RUNS / "rl" / "metrics.jsonl")
-    if [comparable(r) for r in before] != [comparable(r) for r in read_jsonl(tmp_path / "straight" / "run" /
-                                                                             "metrics.jsonl")[:2]]:
-        pytest.skip("this machine computes the fixture's first steps differently from the one that wrote it "
-                    "(another matmul kernel): its continuation cannot be compared")
+    # Bit for bit only where this machine computes the fixture's first steps as the one that wrote it did (another
+    # matmul kernel rounds otherwise); the rest holds everywhere.
+    same_arithmetic = [comparable(r) for r in before] == [comparable(r) for r in read_jsonl(
+        tmp_path / "straight" / "run" / "metrics.jsonl")[:2]]
     record = RunRecord(old)
     assert record.kind == "rl" and [e.kind for e in record.checkpoints("rl")] == ["rl", "rl"]
     resumed = train(config(tmp_path / "old", **settings, resume=True), SayA())
 
     rows_a, rows_b = read_jsonl(tmp_path / "straight" / "run" / "metrics.jsonl"), read_jsonl(old / "metrics.jsonl")
     assert [r["step"] for r in rows_b] == [0, 1, 2, 3]
-    assert [comparable(r) for r in rows_a] == [comparable(r) for r in rows_b]
-    wa, wb = straight["training_client"].parameters(), resumed["training_client"].parameters()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert rows_b[:2] == before  # the fixture's own rows are kept, the resumed ones follow
+    if same_arithmetic:
+        assert [comparable(r) for r in rows_a] == [comparable(r) for r in rows_b]
+        wa, wb = straight["training_client"].parameters(), resumed["training_client"].parameters()
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert [(e.step, e.numerics is None) for e in record.checkpoints("rl")] == [(1, True), (2, True), (3, False),
                                                                                (4, False)]
     assert states(old) == ["step-000002", "step-000004"]  # the old final state stays, step 3 was pruned
@@ -240,16 +242,18 @@ def test_an_sft_run_folder_from_before_the_record_resumes_to_the_uninterrupted_r
     old = copy_old_run("sft", tmp_path / "old")
     straight = sft(SftConfig(data=str(pairs), base_model="tiny", rank=1, steps=3, batch_size=2, seed=3,
                              out=str(tmp_path / "straight")))
-    if read_jsonl(old / "metrics.jsonl") != read_jsonl(tmp_path / "straight" / "metrics.jsonl")[:1]:
-        pytest.skip("this machine computes the fixture's first step differently from the one that wrote it")
+    before = read_jsonl(old / "metrics.jsonl")
+    same_arithmetic = before == read_jsonl(tmp_path / "straight" / "metrics.jsonl")[:1]  # (as in the RL test)
     assert RunRecord(old).kind == "sft" and RunRecord(old).last("sft").step == 1
     resumed = rlvr.resume(old, overrides=[f"data={pairs}"])
 
-    service = rlvr.ServiceClient()
-    a = service.create_training_client_from_state(straight).parameters()
-    b = service.create_training_client_from_state(resumed).parameters()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert read_jsonl(old / "metrics.jsonl") == read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    assert [r["step"] for r in read_jsonl(old / "metrics.jsonl")] == [0, 1, 2]
+    if same_arithmetic:
+        service = rlvr.ServiceClient()
+        a = service.create_training_client_from_state(straight).parameters()
+        b = service.create_training_client_from_state(resumed).parameters()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert read_jsonl(old / "metrics.jsonl") == read_jsonl(tmp_path / "straight" / "metrics.jsonl")
     assert [(e.kind, e.step, e.final) for e in RunRecord(old).checkpoints("sft")] == [("sft", 1, False),
                                                                                      ("sft", 3, True)]
     assert yaml.safe_load((old / "config.yaml").read_text())["kind"] == "sft"
