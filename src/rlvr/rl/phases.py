@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tinker.lib.public_interfaces.api_future import APIFuture
+
 from rlvr import types
 from rlvr.client import ServiceClient, run_precision
 from rlvr.errors import ConfigurationError, RunInterrupted, SamplingError
@@ -43,6 +45,7 @@ from rlvr.rl.config import LoopConfig, recorded_precision, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
 from rlvr.rl.problems import SourceDataset
+from rlvr.rl.protocols import RewardScorer, SamplingAPI, ServiceAPI, TrainingAPI
 from rlvr.rl.rollout_log import RolloutLog
 from rlvr.rl.rollouts import Rollout, Rollouts, check_dataset
 from rlvr.rl.stop import StopRequest
@@ -63,9 +66,9 @@ class LoopRun:
 
     config: LoopConfig
     run_dir: Path
-    service: Any
-    """The ServiceClient (in-process, or proxies to Ray actors)."""
-    training_client: Any
+    service: ServiceAPI
+    """The service client (in-process, or proxies to Ray actors)."""
+    training_client: TrainingAPI
     rollouts: Rollouts
     tracker: Trackers
     """metrics.jsonl and the tracker backends."""
@@ -77,7 +80,7 @@ class LoopRun:
     start_step: int
     """0, or the step a resume continues from."""
     adam: types.AdamParams
-    reference: Any | None
+    reference: SamplingAPI | None
     """A base-model sampler for the KL penalty (None without one)."""
     probe: list[int]
     """Tokens the sampler's freshness is checked on."""
@@ -101,9 +104,10 @@ class StepWork:
     """The rewards of the groups that were scored in full."""
     failed_groups: int = 0
     """Groups not trained on because a reward failed."""
-    sent: list[tuple[Any, list[types.Datum], list[list[float]], bool]] = field(default_factory=list)
+    sent: list[tuple[APIFuture[types.ForwardBackwardOutput], list[types.Datum], list[list[float]], bool]] = field(
+        default_factory=list)
     """Per forward_backward: its future, datums, masks, and whether it was sent before the step's first update."""
-    optims: list[Any] = field(default_factory=list)
+    optims: list[APIFuture[types.OptimStepResponse]] = field(default_factory=list)
     """optim_step futures."""
     unapplied: bool = False
     """A forward_backward was sent since the last optim_step."""
@@ -158,8 +162,8 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
                 run_dir / "config.yaml")
     tokenizer = training_client.get_tokenizer()
     with contextlib.ExitStack() as stack:
-        if hasattr(service, "close"):  # Ray: the actors of a stopped or failed run end with it; a finished run's
-            stack.push(_close_on_error(service.close))  # stay up for the client it returns
+        # Ray: the actors of a stopped or failed run end with it; a finished run's stay up for the client it returns
+        stack.push(_close_on_error(service.close))
         rollouts = Rollouts(dataset, tokenizer, config, None if runner is None else stack.enter_context(runner))
         stack.callback(rollouts.close)
         reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
@@ -203,7 +207,7 @@ def _quiet(what: str, problems: int) -> Iterator[Callable[[int], None]]:
 # -- the phases of a step --------------------------------------------------------------------------------------------
 
 
-def refresh_sampler(run: LoopRun, metrics: dict[str, float]) -> Any:
+def refresh_sampler(run: LoopRun, metrics: dict[str, float]) -> SamplingAPI:
     """A sampling client with the current weights, checked against the trainer on the probe."""
     sampler = run.training_client.save_weights_and_get_sampling_client()
     metrics["sampler/max_logprob_gap"] = check_sampler_fresh(run.training_client, sampler, run.probe,
@@ -211,7 +215,8 @@ def refresh_sampler(run: LoopRun, metrics: dict[str, float]) -> Any:
     return sampler
 
 
-def check_sampler_fresh(training_client: Any, sampling_client: Any, probe: list[int], tolerance: float) -> float:
+def check_sampler_fresh(training_client: TrainingAPI, sampling_client: SamplingAPI, probe: list[int],
+                        tolerance: float) -> float:
     """Raise SamplingError unless the sampler's logprobs of ``probe`` match the trainer's (it has the new weights)."""
     datum = types.Datum(model_input=types.ModelInput.from_ints(probe[:-1]),
                         loss_fn_inputs={"target_tokens": probe[1:], "weights": [1.0] * (len(probe) - 1)})
@@ -300,8 +305,7 @@ def finish_step(run: LoopRun, work: StepWork) -> None:
         metrics.update(held_out(run, f"evaluating after step {step + 1}"))
     metrics["time/total"] = time.time() - work.t_start
     metrics["tokens_per_s"] = sum(r.sampled_tokens for r in work.rollouts) / metrics["time/total"]
-    if hasattr(run.service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
-        metrics.update(run.service.distributed_metrics())
+    metrics.update(run.service.distributed_metrics())  # Ray: actor restarts and re-sent requests so far
     metrics["aux/failures"] = run.auxiliary.total
     run.tracker.log(metrics, step)
     if run.progress is not None:
@@ -371,7 +375,7 @@ def _precision(config: LoopConfig, run_dir: Path) -> str:
     return precision
 
 
-def _backend(config: LoopConfig, dataset: RLDataset, precision: str) -> tuple[Any, Any]:
+def _backend(config: LoopConfig, dataset: RLDataset, precision: str) -> tuple[ServiceAPI, RewardScorer | None]:
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (no runner
     for a dataset whose envs score themselves). Their engines multiply in ``precision``."""
     reward = dataset.runner_reward()
