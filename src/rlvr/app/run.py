@@ -124,7 +124,8 @@ def _train(config: TrainConfig, source: Any, run_dir: Path, console: Any, stop: 
                   f"{config.steps} -> {escape(str(run_dir))}", highlight=False, soft_wrap=True)
     config = _after_warmup(config, source, run_dir, console, stop)
 
-    start = last_checkpoint(run_dir)["step"] if config.resume else 0
+    resumed = last_checkpoint(run_dir) if config.resume else None
+    start = resumed["step"] if resumed is not None else 0  # (no checkpoint to resume: open_run says so)
     watch = ClippedWatch(console, config.max_tokens)
     with StepProgress(console, "step", config.steps, start=start) as progress:
 
@@ -245,7 +246,9 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
                                   start=warmed["step"] if warmed else 0)
     console.print(f"warm-up: steps {warmed['step'] if warmed else 0}-{steps - 1}, loss/token {losses[0]:.3f} -> "
                   f"{losses[-1]:.3f}")
-    return last_checkpoint(run_dir, WARMUP)["state_path"]  # the step-`steps` one, recorded by the last on_step
+    last = last_checkpoint(run_dir, WARMUP)
+    assert last is not None, "the last warm-up step records its checkpoint (on_step)"
+    return last["state_path"]  # the step-`steps` one, recorded by the last on_step
 
 
 def _base_baseline(config: TrainConfig, source: Any, run_dir: Path, console: Any, training_client: Any) -> None:

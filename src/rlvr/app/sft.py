@@ -80,11 +80,13 @@ def encode_pair(tokenizer: Any, prompt: str | Sequence[int], completion: str) ->
     if isinstance(prompt, str):
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
-        prompt = tokenizer.encode(text, add_special_tokens=False)
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        prompt_ids = prompt
     completion_ids = tokenizer.encode(completion, add_special_tokens=False)
     if tokenizer.eos_token_id is not None:
         completion_ids.append(tokenizer.eos_token_id)
-    return list(prompt), completion_ids
+    return list(prompt_ids), completion_ids
 
 
 def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int], Sequence[int]]], steps: int,
@@ -102,7 +104,7 @@ def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int
     adam = types.AdamParams(learning_rate=learning_rate)
     losses = []
     for step in range(steps):
-        batch = []
+        batch: list[types.Datum] = []
         while len(batch) < batch_size:
             if not order:
                 order = list(range(len(datums)))
@@ -136,7 +138,8 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
     from rlvr.rl.config import save_config
 
     if not isinstance(config, SftConfig):
-        config = build_config(dict(config), SftConfig)
+        built: SftConfig = build_config(dict(config), SftConfig)
+        config = built
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     start = _resumed_step(config, run_dir)
@@ -181,8 +184,9 @@ def _sft(config: SftConfig, run_dir: Path, start: int, stop: Any,
     service = ServiceClient()
     with stop.abandonable():  # loading the model: nothing to keep yet
         if start:
-            training_client = service.create_training_client_from_state_with_optimizer(
-                last_checkpoint(run_dir)["state_path"])
+            last = last_checkpoint(run_dir)
+            assert last is not None, "start > 0 comes from the last checkpoint (_resumed_step)"
+            training_client = service.create_training_client_from_state_with_optimizer(last["state_path"])
         else:
             training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
                                                                   seed=config.seed)

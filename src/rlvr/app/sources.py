@@ -31,9 +31,10 @@ def build_source(config: TrainConfig) -> Any:
 
     if config.recipe in ENV_RECIPES:
         return _env_dataset(config)
-    kinds = {"arithmetic": tasks.ArithmeticSource, "rpn": tasks.RpnSource, "gsm8k": tasks.Gsm8kSource,
-             "math": tasks.MathSource, "mbpp": tasks.MbppSource, "humaneval": tasks.HumanEvalSource,
-             "reasoning-gym": tasks.ReasoningGymSource}
+    # the data recipes' classes have a hub() (their dataset on the Hugging Face hub)
+    kinds: dict[str, Any] = {"arithmetic": tasks.ArithmeticSource, "rpn": tasks.RpnSource, "gsm8k": tasks.Gsm8kSource,
+                             "math": tasks.MathSource, "mbpp": tasks.MbppSource, "humaneval": tasks.HumanEvalSource,
+                             "reasoning-gym": tasks.ReasoningGymSource}
     cls = kinds[config.recipe]
     kwargs = dict(config.task)
     if config.reward is not None:
@@ -62,7 +63,7 @@ def build_source(config: TrainConfig) -> Any:
         return cls(*args, **kwargs)
     except TypeError as exc:
         valid = {p for klass in cls.__mro__ if "__init__" in vars(klass)
-                 for p in inspect.signature(klass.__init__).parameters if p not in ("self", "args", "kwargs")}
+                 for p in inspect.signature(vars(klass)["__init__"]).parameters if p not in ("self", "args", "kwargs")}
         unknown = [key for key in kwargs if key not in valid]
         hint = "".join(f" (task.{key}: did you mean task.{close[0]}?)" for key in unknown
                        if (close := difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)))
