@@ -184,6 +184,14 @@ class ServiceClient:
 
     get_server_capabilities_async = _async_of(get_server_capabilities)
 
+    def distributed_metrics(self) -> dict[str, float]:
+        """Worker restarts and re-sent requests (the Ray service's counters): none in process, so ``{}``."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to end: the clients run on the process's engine, which outlives them (the Ray service ends its
+        actors here)."""
+
     def _trainer_from_state(self, path: str, base_model: str | None, with_optimizer: bool,
                             optimizer: str = "adamw") -> Trainer:
         if base_model is not None:

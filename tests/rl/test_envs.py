@@ -20,6 +20,7 @@ from rlvr.rl.envs import (
     StepResult,
     Trajectory,
     Transition,
+    TurnByTurn,
     rollout_groups,
     trajectory_datums,
 )
@@ -421,3 +422,41 @@ def test_an_env_batch_streams_off_policy(tmp_path):
     metrics = loop_metrics(tmp_path)
     assert [m["async/steps_off_policy"] for m in metrics] == [0, 1, 1]
     assert all(m["env/all/reward/scored:sum"] == 8 for m in metrics)
+
+
+class CountedPlay(TurnByTurn):
+    """Turn by turn, counting the parts the loop starts and the held-out groups it evaluates."""
+
+    def __init__(self, counts) -> None:
+        super().__init__()
+        object.__setattr__(self, "counts", counts)
+
+    def start(self, sampling_client, parts, params, context):
+        self.counts["parts"] += len(parts)
+        return super().start(sampling_client, parts, params, context)
+
+    def evaluate(self, sampling_client, groups, max_tokens, context, answered=None):
+        self.counts["evaluated"] += len(groups)
+        return super().evaluate(sampling_client, groups, max_tokens, context, answered)
+
+
+class CountedDataset(RefineDataset):
+    """RefineDataset with two held-out groups, played by a CountedPlay."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.counts = {"parts": 0, "evaluated": 0}
+
+    def test_groups(self):
+        return [RefineGroup(self.tokenizer, f"T{g}:", 1) for g in range(2)]
+
+    @property
+    def play(self):
+        return CountedPlay(self.counts)
+
+
+def test_the_loop_plays_and_evaluates_a_dataset_only_through_its_play(tmp_path):
+    dataset = CountedDataset(build_tiny_tokenizer())
+    result = train(loop_config(tmp_path, steps=3, stream_minibatches=2, eval_every=2), dataset)
+    assert dataset.counts == {"parts": 3 * 2, "evaluated": 2 * 3}  # before, after step 2, after training
+    assert set(result["before"]) >= {"test/reward/mean", "test/correct", "test/turns"}

@@ -111,3 +111,41 @@ def test_answers_are_scored_in_the_runner_and_its_failures_reach_records_and_met
     assert metrics["env/all/reward/scored:sum"] == 9
     scored = [r["reward"] for r in records if r["reward"] is not None]
     assert metrics["env/all/reward/mean"] == pytest.approx(sum(scored) / 9)
+
+
+def prompt_and_response(prompt, response, meta=None) -> float:
+    """A reward that reads its prompt: the length of the prompt, plus the response's length in thousandths."""
+    return len(prompt) + len(response) / 1000
+
+
+class Instructed(Five):
+    """Five's problems with an instruction, so the rendered user message differs from the question."""
+
+    def __init__(self) -> None:
+        ProblemSource.__init__(self, reward=prompt_and_response, instruction="Answer in one word.")
+
+
+def test_a_problem_is_scored_on_the_same_item_in_process_and_in_the_runner(service):
+    # ScoredByRunner has the runner execute the scoring that ProblemEnv.step runs in process: one definition
+    # (envs.problem_item), so each sampled answer gets the same reward on both paths.
+    from rlvr.rl.envs import ProblemEnv
+
+    config = loop_config(problems_per_step=5)
+    client = service.create_lora_training_client(base_model="tiny", rank=4, seed=5)
+    tokenizer = client.get_tokenizer()
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=7)
+    with RewardRunner(Instructed().reward(), timeout=5.0) as runner:
+        rollouts = Rollouts(SourceDataset(Instructed(), config), tokenizer, config, runner)
+        try:
+            [part] = rollouts.start(0, client.save_weights_and_get_sampling_client(), params)
+            rollout = rollouts.collect(part)
+        finally:
+            rollouts.close()
+    checked = 0
+    for builder, trajectories, rewards_G in zip(part.builders, rollout.trajectories, rollout.rewards, strict=True):
+        for trajectory, reward in zip(trajectories, rewards_G, strict=True):
+            [turn] = trajectory.transitions
+            in_process = ProblemEnv(builder.source, builder.problem, tokenizer).step(turn.action).reward
+            assert in_process == reward == len(builder.problem.question) + len(trajectory.logs["response"]) / 1000
+            checked += 1
+    assert checked == 15

@@ -154,7 +154,8 @@ class ClippedWatch:
     """Prints :func:`clipped_warning` on ``console`` once per kind of answer (training, held-out) in a run."""
 
     def __init__(self, console: Any, max_tokens: int) -> None:
-        self.console, self.max_tokens, self.warned = console, max_tokens, set()
+        self.console, self.max_tokens = console, max_tokens
+        self.warned: set[str] = set()
 
     def check(self, kind: str, share: float | None, what: str) -> None:
         """Warn about ``what`` (answers of ``kind``) unless ``kind`` was warned about already."""

@@ -210,7 +210,7 @@ def options(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, A
     out = []
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             out += options(kind, prefix=f"{prefix}{f.name}.")
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -224,7 +224,9 @@ def _field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        body = ast.parse(inspect.getsource(klass)).body[0].body
+        definition = ast.parse(inspect.getsource(klass)).body[0]
+        assert isinstance(definition, ast.ClassDef), klass  # the source of a class is its class statement
+        body = definition.body
         for node, after in itertools.pairwise(body):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):

@@ -95,11 +95,13 @@ def encode_pair(tokenizer: Any, prompt: str | Sequence[int], completion: str) ->
     if isinstance(prompt, str):
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
-        prompt = tokenizer.encode(text, add_special_tokens=False)
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        prompt_ids = prompt
     completion_ids = tokenizer.encode(completion, add_special_tokens=False)
     if tokenizer.eos_token_id is not None:
         completion_ids.append(tokenizer.eos_token_id)
-    return list(prompt), completion_ids
+    return list(prompt_ids), completion_ids
 
 
 def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int], Sequence[int]]], steps: int,
@@ -117,7 +119,7 @@ def supervised_steps(training_client: Any, examples: Sequence[tuple[Sequence[int
     adam = types.AdamParams(learning_rate=learning_rate)
     losses = []
     for step in range(steps):
-        batch = []
+        batch: list[types.Datum] = []
         while len(batch) < batch_size:
             if not order:
                 order = list(range(len(datums)))
@@ -150,7 +152,8 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
     from rlvr.client import ServiceClient
 
     if not isinstance(config, SftConfig):
-        config = build_config(dict(config), SftConfig)
+        built: SftConfig = build_config(dict(config), SftConfig)
+        config = built
     record = RunRecord(config.out)
     resumed = record.resume_point("sft", config.steps) if config.resume else None  # None: from step 0
     service = ServiceClient()

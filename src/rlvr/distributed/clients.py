@@ -226,9 +226,10 @@ class RayTrainingClient(_SelfFuture):
         """A custom loss (sent to the trainer with cloudpickle, so it must be importable or defined in __main__)."""
         return self._submit("forward_backward_custom", data, loss_fn)
 
-    def optim_step(self, optim_params: types.AdamParams | None = None, *, adam_params: types.AdamParams | None = None
-                   ) -> ActorFuture[types.OptimStepResponse]:
-        """One AdamW step on the gradients accumulated so far (``optim_params`` or the older ``adam_params=``)."""
+    def optim_step(self, optim_params: types.OptimParams | None = None, *,
+                   adam_params: types.AdamParams | None = None) -> ActorFuture[types.OptimStepResponse]:
+        """One AdamW step on the gradients accumulated so far (``optim_params`` or the older ``adam_params=``); other
+        optimizers' params are refused (ConfigurationError)."""
         return self._submit("optim_step", adam_of(optim_params, adam_params))
 
     def save_state(self, name: str) -> ActorFuture[types.SaveWeightsResponse]:

@@ -47,6 +47,7 @@ from rlvr.rl.envs import (
     Trajectory,
     TrajectoryGroup,
     Transition,
+    TurnByTurn,
     batch_positions,
 )
 
@@ -234,6 +235,11 @@ class VerifiersDataset(RLDataset):
     def get_batch(self, index: int) -> list[EnvGroupBuilder]:
         return [VerifiersGroup(self, self.rows[i], self.group_size)
                 for i in batch_positions(index, len(self), self.groups_per_batch)]
+
+    @property
+    def play(self) -> TurnByTurn:
+        """Turn by turn in the loop's rollout thread, each part played by this dataset's ``rollout``."""
+        return TurnByTurn(self.rollout)
 
     def rollout(self, sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                 max_turns: int, seed: int | None, timing: dict[str, float]) -> list[TrajectoryGroup]:

@@ -22,7 +22,7 @@ from rlvr import types
 from rlvr.client import ServiceClient
 from rlvr.rewards import resolve_reward
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
-from rlvr.rl.datums import rl_datum, sample_train_metrics
+from rlvr.rl.datums import rl_datum, sample_train_metrics, sampled_logprobs
 from rlvr.rl.plot import plot_run
 
 
@@ -128,7 +128,7 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
                 if is_constant(rewards_G):
                     continue  # no signal in this group
                 for seq, advantage in zip(sequences, group_advantages(rewards_G), strict=True):
-                    datum, mask = rl_datum(prompt.to_ints(), seq.tokens, seq.logprobs, advantage)
+                    datum, mask = rl_datum(prompt.to_ints(), seq.tokens, sampled_logprobs(seq), advantage)
                     datums.append(datum)
                     masks.append(mask)
 
@@ -141,7 +141,7 @@ def train(config: BasicConfig, console: Console | None = None) -> dict[str, floa
                 opt = training_client.optim_step(adam)
                 result = fwd.result()
                 metrics.update(result.metrics)
-                metrics.update(opt.result().metrics)
+                metrics.update(opt.result().metrics or {})
                 trained = [o["logprobs"].tolist() for o in result.loss_fn_outputs]
                 sampled = [d.loss_fn_inputs["logprobs"].tolist() for d in datums]
                 metrics.update(sample_train_metrics(trained, sampled, masks))

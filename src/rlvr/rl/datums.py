@@ -12,6 +12,22 @@ import math
 from collections.abc import Sequence
 
 from rlvr import types
+from rlvr.errors import SamplingError
+
+
+def loss_fn_inputs(**columns: Sequence[int] | Sequence[float]) -> types.LossFnInputs:
+    """``columns`` as a Datum's ``loss_fn_inputs``, as plain lists: tinker's ``Datum`` turns each into TensorData
+    itself (``target_tokens`` int64, the others float32), though ``LossFnInputs`` is annotated as TensorData only."""
+    return {key: list(values) for key, values in columns.items()}  # type: ignore[misc]  # Datum converts (above)
+
+
+def sampled_logprobs(sequence: types.SampledSequence) -> list[float]:
+    """The sampler's logprob of each of ``sequence``'s tokens, which the loop trains with; a SamplingError where the
+    sampler gave none (every rlvr sampler gives them; Tinker's types allow a sequence without)."""
+    if sequence.logprobs is None:
+        raise SamplingError("the sampler returned a sequence without logprobs; the RL loop needs one per sampled "
+                            "token (importance weights, the KL to the sampler)")
+    return list(sequence.logprobs)
 
 
 def masked_datum(
@@ -29,11 +45,11 @@ def masked_datum(
     values = iter(per_token)
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(list(tokens[:-1])),
-        loss_fn_inputs={
-            "target_tokens": list(tokens[1:]),
-            "logprobs": [lp if m else 0.0 for lp, m in zip(logprobs[1:], mask, strict=True)],
-            "advantages": [next(values) if m else 0.0 for m in mask],
-        },
+        loss_fn_inputs=loss_fn_inputs(
+            target_tokens=list(tokens[1:]),
+            logprobs=[lp if m else 0.0 for lp, m in zip(logprobs[1:], mask, strict=True)],
+            advantages=[next(values) if m else 0.0 for m in mask],
+        ),
     )
     return datum, mask
 
@@ -59,8 +75,8 @@ def sft_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) ->
     full = [*prompt_tokens, *completion_tokens]
     ob_len = len(prompt_tokens) - 1
     return types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
-                       loss_fn_inputs={"target_tokens": full[1:],
-                                       "weights": [0.0] * ob_len + [1.0] * len(completion_tokens)})
+                       loss_fn_inputs=loss_fn_inputs(target_tokens=full[1:],
+                                                     weights=[0.0] * ob_len + [1.0] * len(completion_tokens)))
 
 
 def sample_train_metrics(
@@ -115,5 +131,5 @@ def apply_kl_penalty(
         advantages = datum.loss_fn_inputs["advantages"].tolist()
         adjusted = [a + coef * (mean - k) if m else a for a, k, m in zip(advantages, diff, mask, strict=True)]
         out.append(types.Datum(model_input=datum.model_input,
-                               loss_fn_inputs={**datum.loss_fn_inputs, "advantages": adjusted}))
+                               loss_fn_inputs={**datum.loss_fn_inputs, **loss_fn_inputs(advantages=adjusted)}))
     return out, {"kl_policy_base": mean}

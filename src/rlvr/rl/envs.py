@@ -13,8 +13,11 @@ Envs run in the calling process: an env whose reward runs untrusted code should 
 (``rlvr.sandbox``) as the code rewards do. An env whose ``step`` raises stops the rollout with a ``RewardError``
 naming the env, the group and the turn.
 
-An ``RLDataset`` also says how the training loop plays it (``batch_at``, ``start``, ``runner_reward``, ``evaluate``,
-``stage``): by default a step's batch plays turn by turn in the loop's rollout thread and the envs score themselves.
+An ``RLDataset`` is data: batches of builders by index (``get_batch``, ``__len__``, and ``batch_at`` for a step),
+held-out groups (``test_groups``) and curriculum stages (``stage``). How the loop plays and scores its batches is one
+strategy object, its ``play`` (a ``Play``): ``TurnByTurn``, the default, plays each part in the loop's rollout thread
+and the envs score themselves in ``step``; ``problems.ScoredByRunner`` sends one-turn problems as one unit and has the
+run's reward runner execute their scoring (``problem_item``, the same definition ``ProblemEnv.step`` scores with).
 ``ProblemDataset`` serves a problem source as one-turn envs. Not here: the training loop (``loop.py``), the records and
 metrics it makes of played groups (``rollouts.py``), a problem source scored by the reward workers (``problems.py``).
 """
@@ -28,13 +31,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from tinker.lib.public_interfaces.api_future import APIFuture
 
 from rlvr import types
 from rlvr.errors import ConfigurationError, ContextFullError, RewardError
-from rlvr.rewards.runner import BatchScores, RewardRunner
+from rlvr.rewards.registry import Reward, RewardItem
+from rlvr.rewards.runner import BatchScores
 from rlvr.rl.advantages import entropy_shaped
-from rlvr.rl.datums import masked_datum
+from rlvr.rl.datums import masked_datum, sampled_logprobs
+from rlvr.rl.protocols import RewardScorer, SamplingAPI
 from rlvr.tasks.base import Problem, ProblemSource, render_messages, select
 
 
@@ -127,9 +134,36 @@ class PlayContext:
     threads: Executor
     """The loop's rollout thread: parts played there play while the loop trains on earlier ones."""
     max_turns: int
-    runner: RewardRunner | None = None
-    """The run's reward runner (killable workers, or Ray's reward actors), for a dataset whose ``runner_reward`` is
+    runner: RewardScorer | None = None
+    """The run's reward runner (killable workers, or Ray's reward actors), for a dataset whose ``play.reward`` is
     not None."""
+
+
+class PendingPart(Protocol):
+    """A part of a step's batch in flight: ``result()`` waits for it, played and scored."""
+
+    def result(self) -> PlayedGroups:
+        """The part's groups, played to the end and scored."""
+
+
+class Play(ABC):
+    """How the loop plays a dataset's batches and scores them: the strategy an ``RLDataset`` gives as its ``play``.
+
+    ``reward`` says who scores: None, the envs themselves (in ``step``); else the ``Reward`` the run's reward runner
+    executes for this strategy (``PlayContext.runner``), in killable worker processes or Ray's reward actors."""
+
+    reward: Reward | None = None
+
+    @abstractmethod
+    def start(self, sampling_client: SamplingAPI, parts: Sequence[Sequence[EnvGroupBuilder]],
+              params: types.SamplingParams, context: PlayContext) -> list[PendingPart]:
+        """Start playing a step's batch, given in ``parts``: one pending part per part, in order, without waiting."""
+
+    @abstractmethod
+    def evaluate(self, sampling_client: SamplingAPI, groups: Sequence[EnvGroupBuilder], max_tokens: int,
+                 context: PlayContext, answered: Callable[[int], None] | None = None) -> dict[str, float]:
+        """Greedy episodes of the held-out ``groups`` (at least one): ``test/...`` metrics; ``answered`` is given the
+        groups answered so far."""
 
 
 class EnvGroupBuilder(ABC):
@@ -182,43 +216,11 @@ class RLDataset(ABC):
         """The batch the training loop plays at ``step``; by default batch ``step % len(self)``."""
         return self.get_batch(step % len(self))
 
-    def runner_reward(self) -> Any:
-        """The ``Reward`` the run's reward runner scores this dataset's answers with (in killable worker processes,
-        or Ray's reward actors); None, the default: the envs score themselves in ``step`` and no runner starts."""
-        return None
-
-    def start(self, sampling_client: Any, parts: Sequence[Sequence[EnvGroupBuilder]], params: types.SamplingParams,
-              context: PlayContext) -> list[Any]:
-        """Start playing a step's batch, given in ``parts``: one pending part per part, in order, whose ``result()``
-        is its ``PlayedGroups``. By default the parts play one after another in the loop's rollout thread (part k+1
-        plays while the loop trains on part k), each with ``rollout`` and its own seed."""
-        return [context.threads.submit(_play_part, self, sampling_client, builders, params, seed, context.max_turns)
-                for builders, seed in zip(parts, _part_seeds(params.seed, len(parts)), strict=True)]
-
-    def rollout(self, sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
-                max_turns: int, seed: int | None, timing: dict[str, float]) -> list[TrajectoryGroup]:
-        """Play a batch's groups; by default turn by turn with ``rollout_groups``. A dataset whose envs drive their
-        own conversation (an outside library's, such as ``verifiers``) overrides this to play them its way."""
-        return rollout_groups(sampling_client, builders, params, max_turns=max_turns, seed=seed, timing=timing)
-
-    def evaluate(self, sampling_client: Any, max_tokens: int, context: PlayContext,
-                 answered: Callable[[int], None] | None = None) -> dict[str, float]:
-        """Greedy episodes of ``test_groups`` (empty: there are none); ``answered`` is given the groups answered."""
-        groups = list(self.test_groups())
-        if not groups:
-            return {}
-        result = evaluate_envs(sampling_client, groups, max_tokens, context.max_turns)
-        if answered is not None:  # the groups are played together: all answered at once
-            answered(len(groups))
-        return result
-
-
-def _play_part(dataset: RLDataset, sampling_client: Any, builders: Sequence[EnvGroupBuilder],
-               params: types.SamplingParams, seed: int | None, max_turns: int) -> PlayedGroups:
-    """Some of a batch's groups played with the dataset's ``rollout``; the envs' ``step`` time is the scoring time."""
-    timing: dict[str, float] = {}
-    groups = dataset.rollout(sampling_client, builders, params, max_turns, seed, timing)
-    return PlayedGroups(groups, timing.get("env", 0.0))
+    @property
+    def play(self) -> Play:
+        """How the loop plays and scores this dataset's batches; by default ``TurnByTurn()``: turn by turn in the
+        loop's rollout thread, the envs scoring themselves in ``step``."""
+        return TurnByTurn()
 
 
 def _part_seeds(seed: int | None, parts: int) -> list[int | None]:
@@ -226,7 +228,7 @@ def _part_seeds(seed: int | None, parts: int) -> list[int | None]:
     has), and for the others seeds drawn from it, so parts whose envs open alike still sample independently."""
     if seed is None:
         return [None] * parts
-    return [seed] + [random.Random(f"{seed}:part{k}").randrange(2**31) for k in range(1, parts)]  # str seeds are stable
+    return [seed, *(random.Random(f"{seed}:part{k}").randrange(2**31) for k in range(1, parts))]  # str seeds stable
 
 
 def batch_positions(index: int, num_batches: int, per_batch: int) -> range:
@@ -244,7 +246,7 @@ def clipped_share(transitions: Sequence[Transition]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max_tokens: int,
+def evaluate_envs(sampling_client: SamplingAPI, builders: Sequence[EnvGroupBuilder], max_tokens: int,
                   max_turns: int) -> dict[str, float]:
     """Greedy episodes of ``builders``: ``test/reward/mean``, ``test/correct`` (episode reward >= 1), ``test/turns``,
     ``test/clipped`` (the share of turns cut at ``max_tokens``)."""
@@ -258,18 +260,20 @@ def evaluate_envs(sampling_client: Any, builders: Sequence[EnvGroupBuilder], max
             **({} if clipped is None else {"test/clipped": clipped})}
 
 
-def sample_together(sampling_client: Any, requests: Sequence[tuple[types.ModelInput, int, types.SamplingParams]]
-                    ) -> list[Any]:
+def sample_together(sampling_client: SamplingAPI,
+                    requests: Sequence[tuple[types.ModelInput, int, types.SamplingParams]]
+                    ) -> Sequence[APIFuture[types.SampleResponse]]:
     """Futures of ``sampling_client.sample(*request)`` for each request, sent as one unit where the client can
     (rlvr's in-process ``sample_many``: decoded together and alone, so a seeded run's logprobs do not depend on the
-    machine's timing), else one by one (a server or Ray client)."""
+    machine's timing; the Ray client's sends them one by one), else one by one (a client from outside rlvr, such as
+    tinker's SDK against ``rlvr serve``)."""
     many = getattr(sampling_client, "sample_many", None)
     if many is not None:
         return many(requests)
     return [sampling_client.sample(prompt, n, params) for prompt, n, params in requests]
 
 
-def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
+def rollout_groups(sampling_client: SamplingAPI, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
                    max_turns: int = 8, seed: int | None = None, timing: dict[str, float] | None = None
                    ) -> list[TrajectoryGroup]:
     """Play every env of every builder to the end (or ``max_turns``, or until its conversation fills the model's
@@ -316,7 +320,7 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
             if not isinstance(result, StepResult):
                 raise RewardError(f"{type(env).__name__}.step returned {type(result).__name__}, not a StepResult")
             env_seconds += time.perf_counter() - started
-            transitions[key].append(Transition(observations[key], list(sequence.tokens), list(sequence.logprobs),
+            transitions[key].append(Transition(observations[key], list(sequence.tokens), sampled_logprobs(sequence),
                                                float(result.reward), dict(result.metrics),
                                                clipped=sequence.stop_reason == "length"))
             if not result.done:
@@ -338,6 +342,41 @@ def rollout_groups(sampling_client: Any, builders: Sequence[EnvGroupBuilder], pa
                                      f"{len(trajectories)} trajectories")
         groups.append(TrajectoryGroup(trajectories, [float(x) for x in extra]))
     return groups
+
+
+Rollout = Callable[[SamplingAPI, Sequence[EnvGroupBuilder], types.SamplingParams, int, int | None, dict[str, float]],
+                   list[TrajectoryGroup]]
+"""How a part's groups are played: ``(sampling_client, builders, params, max_turns, seed, timing)``, as
+``rollout_groups`` (``timing["env"]``: the seconds spent scoring)."""
+
+
+@dataclass(frozen=True)
+class TurnByTurn(Play):
+    """The default ``Play``: a step's parts played one after another in the loop's rollout thread (part k+1 plays
+    while the loop trains on part k), each with ``rollout`` and its own seed; the envs score themselves in ``step``.
+    A dataset whose envs drive their own conversation (an outside library's, such as ``verifiers``) gives its own
+    ``rollout``. The held-out groups are played greedily the same way."""
+
+    rollout: Rollout = rollout_groups
+
+    def start(self, sampling_client: SamplingAPI, parts: Sequence[Sequence[EnvGroupBuilder]],
+              params: types.SamplingParams, context: PlayContext) -> list[PendingPart]:
+        return [context.threads.submit(self._part, sampling_client, builders, params, seed, context.max_turns)
+                for builders, seed in zip(parts, _part_seeds(params.seed, len(parts)), strict=True)]
+
+    def _part(self, sampling_client: SamplingAPI, builders: Sequence[EnvGroupBuilder], params: types.SamplingParams,
+              seed: int | None, max_turns: int) -> PlayedGroups:
+        """Some of a batch's groups played with ``rollout``; the envs' ``step`` time is the scoring time."""
+        timing: dict[str, float] = {}
+        groups = self.rollout(sampling_client, builders, params, max_turns, seed, timing)
+        return PlayedGroups(groups, timing.get("env", 0.0))
+
+    def evaluate(self, sampling_client: SamplingAPI, groups: Sequence[EnvGroupBuilder], max_tokens: int,
+                 context: PlayContext, answered: Callable[[int], None] | None = None) -> dict[str, float]:
+        result = evaluate_envs(sampling_client, groups, max_tokens, context.max_turns)
+        if answered is not None:  # the groups are played together: all answered at once
+            answered(len(groups))
+        return result
 
 
 def trajectory_datums(
@@ -392,8 +431,16 @@ def extend_conversation(seen: list[int], messages: list[dict[str, str]], tokeniz
 
 # -- problems as envs -------------------------------------------------------------------------------------------------
 
+def problem_item(problem: Problem, response: str) -> RewardItem:
+    """What an answer to ``problem`` is scored on, wherever its reward runs (``ProblemEnv.step`` in this process,
+    the run's reward runner for ``problems.ScoredByRunner``): the question, the decoded response, the problem's
+    reward meta."""
+    return RewardItem(problem.question, response, problem.reward_meta())
+
+
 class ProblemEnv(Env):
-    """A problem of a ``ProblemSource`` as a one-turn env: the rendered prompt, then the source's reward."""
+    """A problem of a ``ProblemSource`` as a one-turn env: the rendered prompt, then the source's reward on
+    ``problem_item``, in this process."""
 
     def __init__(self, source: ProblemSource, problem: Problem, tokenizer: Any) -> None:
         self.source, self.problem, self.tokenizer = source, problem, tokenizer
@@ -402,8 +449,8 @@ class ProblemEnv(Env):
         return self.source.render_ids(self.problem, self.tokenizer)
 
     def step(self, action: list[int]) -> StepResult:
-        response = self.tokenizer.decode(action, skip_special_tokens=True)
-        return StepResult(reward=self.source.score(self.problem, response), done=True)
+        item = problem_item(self.problem, self.tokenizer.decode(action, skip_special_tokens=True))
+        return StepResult(reward=self.source.reward()(item.prompt, item.response, item.meta), done=True)
 
 
 @dataclass
@@ -469,4 +516,4 @@ class ProblemDataset(RLDataset):
 
     def hardest(self, max_difficulty: float) -> float:
         """The hardest difficulty among this stage's problems (at most the stage's bound)."""
-        return max(p.difficulty for p in self.problems)
+        return max(p.difficulty for p in self.problems if p.difficulty is not None)  # a stage's all have one

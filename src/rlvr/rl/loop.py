@@ -47,6 +47,7 @@ from rlvr.rl.phases import (
     send_optim,
 )
 from rlvr.rl.plot import plot_run
+from rlvr.rl.rollouts import StartedPart
 from rlvr.rl.stop import StopRequest
 from rlvr.tasks.base import ProblemSource
 
@@ -129,7 +130,7 @@ class _InFlight:
     """The step it is for."""
     weights_step: int
     """The step whose weights sample it."""
-    parts: list[Any]
+    parts: list[StartedPart]
     """Its pending parts (several when streaming)."""
 
 
@@ -163,7 +164,7 @@ def train_off_policy(run: LoopRun) -> None:
         finish_step(run, work)
 
 
-def _train_whole(run: LoopRun, work: StepWork, pending: Any) -> None:
+def _train_whole(run: LoopRun, work: StepWork, pending: StartedPart) -> None:
     """Collect one batch, then train on its datums in ``num_substeps`` minibatches, each with an optim_step."""
     work.t_sample = work.seconds_so_far()
     datums, masks = collect_part(run, work, pending)
@@ -173,7 +174,7 @@ def _train_whole(run: LoopRun, work: StepWork, pending: Any) -> None:
         send_optim(run, work)
 
 
-def _train_parts(run: LoopRun, work: StepWork, parts: list[Any]) -> None:
+def _train_parts(run: LoopRun, work: StepWork, parts: list[StartedPart]) -> None:
     """Collect and train on each part in turn (one forward_backward each), with an optim_step after every
     ``len(parts) / num_substeps`` parts."""
     work.t_sample = work.seconds_so_far()

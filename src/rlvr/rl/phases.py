@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tinker.lib.public_interfaces.api_future import APIFuture
+
 from rlvr import types
 from rlvr.client import ServiceClient, run_precision
 from rlvr.errors import ConfigurationError, RunInterrupted, SamplingError
@@ -40,11 +42,12 @@ from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.auxiliary import AuxiliaryOutputs
 from rlvr.rl.config import LoopConfig, recorded_precision
-from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
+from rlvr.rl.datums import apply_kl_penalty, loss_fn_inputs, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
-from rlvr.rl.problems import SourceDataset
+from rlvr.rl.problems import as_dataset
+from rlvr.rl.protocols import RewardScorer, SamplingAPI, ServiceAPI, TrainingAPI
 from rlvr.rl.rollout_log import RolloutLog
-from rlvr.rl.rollouts import Rollout, Rollouts, check_dataset
+from rlvr.rl.rollouts import Rollout, Rollouts, StartedPart, check_dataset
 from rlvr.rl.run_record import RunRecord
 from rlvr.rl.stop import StopRequest
 from rlvr.rl.tracking import Trackers, open_trackers
@@ -64,9 +67,9 @@ class LoopRun:
 
     config: LoopConfig
     run_dir: Path
-    service: Any
-    """The ServiceClient (in-process, or proxies to Ray actors)."""
-    training_client: Any
+    service: ServiceAPI
+    """The service client (in-process, or proxies to Ray actors)."""
+    training_client: TrainingAPI
     rollouts: Rollouts
     tracker: Trackers
     """metrics.jsonl and the tracker backends."""
@@ -80,7 +83,7 @@ class LoopRun:
     start_step: int
     """0, or the step a resume continues from."""
     adam: types.AdamParams
-    reference: Any | None
+    reference: SamplingAPI | None
     """A base-model sampler for the KL penalty (None without one)."""
     probe: list[int]
     """Tokens the sampler's freshness is checked on."""
@@ -104,9 +107,10 @@ class StepWork:
     """The rewards of the groups that were scored in full."""
     failed_groups: int = 0
     """Groups not trained on because a reward failed."""
-    sent: list[tuple[Any, list[types.Datum], list[list[float]], bool]] = field(default_factory=list)
+    sent: list[tuple[APIFuture[types.ForwardBackwardOutput], list[types.Datum], list[list[float]], bool]] = field(
+        default_factory=list)
     """Per forward_backward: its future, datums, masks, and whether it was sent before the step's first update."""
-    optims: list[Any] = field(default_factory=list)
+    optims: list[APIFuture[types.OptimStepResponse]] = field(default_factory=list)
     """optim_step futures."""
     unapplied: bool = False
     """A forward_backward was sent since the last optim_step."""
@@ -131,7 +135,7 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     the run folder holds; closes the reward workers, trackers and env threads it opened when the block ends."""
     stop = stop or StopRequest()
     # Every task is an env dataset; a problem source becomes one here, scored by the run's reward runner.
-    dataset = source if isinstance(source, RLDataset) else SourceDataset(source, config)
+    dataset = as_dataset(source, config)
     check_dataset(config, dataset)  # before any work
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -155,8 +159,8 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
                         numerics={"precision": precision})
     tokenizer = training_client.get_tokenizer()
     with contextlib.ExitStack() as stack:
-        if hasattr(service, "close"):  # Ray: the actors of a stopped or failed run end with it; a finished run's
-            stack.push(_close_on_error(service.close))  # stay up for the client it returns
+        # Ray: the actors of a stopped or failed run end with it; a finished run's stay up for the client it returns
+        stack.push(_close_on_error(service.close))
         rollouts = Rollouts(dataset, tokenizer, config, None if runner is None else stack.enter_context(runner))
         stack.callback(rollouts.close)
         reference = (service.create_sampling_client(base_model=training_client.get_info().model_name)
@@ -199,7 +203,7 @@ def _quiet(what: str, problems: int) -> Iterator[Callable[[int], None]]:
 # -- the phases of a step --------------------------------------------------------------------------------------------
 
 
-def refresh_sampler(run: LoopRun, metrics: dict[str, float]) -> Any:
+def refresh_sampler(run: LoopRun, metrics: dict[str, float]) -> SamplingAPI:
     """A sampling client with the current weights, checked against the trainer on the probe."""
     sampler = run.training_client.save_weights_and_get_sampling_client()
     metrics["sampler/max_logprob_gap"] = check_sampler_fresh(run.training_client, sampler, run.probe,
@@ -207,12 +211,13 @@ def refresh_sampler(run: LoopRun, metrics: dict[str, float]) -> Any:
     return sampler
 
 
-def check_sampler_fresh(training_client: Any, sampling_client: Any, probe: list[int], tolerance: float) -> float:
+def check_sampler_fresh(training_client: TrainingAPI, sampling_client: SamplingAPI, probe: list[int],
+                        tolerance: float) -> float:
     """Raise SamplingError unless the sampler's logprobs of ``probe`` match the trainer's (it has the new weights)."""
     datum = types.Datum(model_input=types.ModelInput.from_ints(probe[:-1]),
-                        loss_fn_inputs={"target_tokens": probe[1:], "weights": [1.0] * (len(probe) - 1)})
+                        loss_fn_inputs=loss_fn_inputs(target_tokens=probe[1:], weights=[1.0] * (len(probe) - 1)))
     trainer = training_client.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
-    sampler = sampling_client.compute_logprobs(types.ModelInput.from_ints(probe)).result()[1:]
+    sampler = _after_first(sampling_client.compute_logprobs(types.ModelInput.from_ints(probe)).result())
     gap = max(abs(a - b) for a, b in zip(trainer, sampler, strict=True))
     if gap > tolerance:
         raise SamplingError(f"the sampler does not use the current weights: its logprobs differ from the trainer's by "
@@ -226,7 +231,7 @@ def sampling_params(run: LoopRun) -> types.SamplingParams:
                                 seed=run.rng.randrange(2**31))
 
 
-def collect_part(run: LoopRun, work: StepWork, pending: Any) -> tuple[list[types.Datum], list[list[float]]]:
+def collect_part(run: LoopRun, work: StepWork, pending: StartedPart) -> tuple[list[types.Datum], list[list[float]]]:
     """Wait for one part of the step's rollouts, score it, centre each group's rewards and build its datums.
 
     Groups with equal rewards carry no signal and groups with a failed reward are not trusted: neither is trained
@@ -236,10 +241,13 @@ def collect_part(run: LoopRun, work: StepWork, pending: Any) -> tuple[list[types
     work.t_sample += max(0.0, time.time() - t0 - rollout.reward_s)  # (an env thread may have finished early)
     work.t_reward += rollout.reward_s
     work.rollouts.append(rollout)
-    datums, masks, advantages = [], [], []
-    for trajectories, rewards_G in zip(rollout.trajectories, rollout.rewards, strict=True):
-        if any(r is None or math.isnan(r) for r in rewards_G):
-            advantages += [None] * len(rewards_G)
+    datums: list[types.Datum] = []
+    masks: list[list[float]] = []
+    advantages: list[float | None] = []
+    for trajectories, scores_G in zip(rollout.trajectories, rollout.rewards, strict=True):
+        rewards_G = _all_scored(scores_G)
+        if rewards_G is None:
+            advantages += [None] * len(scores_G)
             work.failed_groups += 1
             continue
         work.rewards_by_group.append(rewards_G)
@@ -255,7 +263,8 @@ def collect_part(run: LoopRun, work: StepWork, pending: Any) -> tuple[list[types
     if run.reference is not None and datums:  # KL penalty: base-model logprobs of the same tokens
         futures = [run.reference.compute_logprobs(types.ModelInput.from_ints(
             d.model_input.to_ints() + d.loss_fn_inputs["target_tokens"].tolist()[-1:])) for d in datums]
-        datums, kl = apply_kl_penalty(datums, masks, [f.result()[1:] for f in futures], run.config.kl_penalty_coef)
+        datums, kl = apply_kl_penalty(datums, masks, [_after_first(f.result()) for f in futures],
+                                      run.config.kl_penalty_coef)
         work.kl_parts.append((kl["kl_policy_base"], sum(sum(m) for m in masks)))
     return datums, masks
 
@@ -296,8 +305,7 @@ def finish_step(run: LoopRun, work: StepWork) -> None:
         metrics.update(held_out(run, f"evaluating after step {step + 1}"))
     metrics["time/total"] = time.time() - work.t_start
     metrics["tokens_per_s"] = sum(r.sampled_tokens for r in work.rollouts) / metrics["time/total"]
-    if hasattr(run.service, "distributed_metrics"):  # Ray: actor restarts and re-sent requests so far
-        metrics.update(run.service.distributed_metrics())
+    metrics.update(run.service.distributed_metrics())  # Ray: actor restarts and re-sent requests so far
     metrics["aux/failures"] = run.auxiliary.total
     run.tracker.log(metrics, step)
     if run.progress is not None:
@@ -339,12 +347,26 @@ def _training_metrics(work: StepWork) -> dict[str, float]:
         metrics["kl_policy_base"] = sum(v * n for v, n in work.kl_parts) / tokens if tokens else 0.0
     metrics["optim/steps"] = len(work.optims)
     if work.optims:
-        results = [opt.result().metrics for opt in work.optims]
+        results = [opt.result().metrics or {} for opt in work.optims]
         grad_norms = [m["grad_norm:mean"] for m in results]
         metrics["optim/grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["optim/grad_norm:max"] = max(grad_norms)
         metrics["optim/lr"] = results[-1]["learning_rate:mean"]
     return metrics
+
+
+def _all_scored(rewards_G: list[float | None]) -> list[float] | None:
+    """A group's rewards, or None when scoring failed for any of its trajectories (None, or NaN)."""
+    scored = [r for r in rewards_G if r is not None and not math.isnan(r)]
+    return scored if len(scored) == len(rewards_G) else None
+
+
+def _after_first(logprobs: list[float | None]) -> list[float]:
+    """``compute_logprobs``' answer without its first entry (None: the first token has no context)."""
+    rest = logprobs[1:]
+    if any(lp is None for lp in rest):
+        raise SamplingError("compute_logprobs gave None past the first token; every later token has a logprob")
+    return [lp for lp in rest if lp is not None]
 
 
 # -- setup helpers -----------------------------------------------------------------------------------------------
@@ -364,10 +386,10 @@ def _precision(config: LoopConfig, run_dir: Path) -> str:
     return precision
 
 
-def _backend(config: LoopConfig, dataset: RLDataset, precision: str) -> tuple[Any, Any]:
+def _backend(config: LoopConfig, dataset: RLDataset, precision: str) -> tuple[ServiceAPI, RewardScorer | None]:
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (no runner
     for a dataset whose envs score themselves). Their engines multiply in ``precision``."""
-    reward = dataset.runner_reward()
+    reward = dataset.play.reward
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 

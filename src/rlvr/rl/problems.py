@@ -2,15 +2,16 @@
 
     dataset = SourceDataset(source, config)      # what rlvr.rl.train makes of a ProblemSource, at its door
 
-``SourceDataset`` is ``envs.ProblemDataset`` (a problem is a one-turn env with its grader) batched and scored as
-the loop needs for problems:
+``SourceDataset`` is ``envs.ProblemDataset`` (a problem is a one-turn env with its grader) batched as the loop needs
+for problems, and played by ``ScoredByRunner``, its ``play``:
 
 - a step's batch is ``problems_per_step`` problems from position ``step * problems_per_step`` of the shuffled split
   (or of its curriculum stage), wrapping around, so a pool smaller than a batch repeats problems;
 - a step's requests go out as one unit, one per group with ``n = group_size`` and the step's seed, and each part
   (``stream_minibatches``) is scored when the loop collects it;
-- the answers are scored in the run's ``RewardRunner`` (killable worker processes, or Ray's reward actors): a reward
-  that hangs or raises is counted, and its trajectory carries NaN and its failure, never a silent 0;
+- the answers are scored in the run's reward runner (killable worker processes, or Ray's reward actors), on the
+  same ``envs.problem_item`` as ``ProblemEnv.step`` scores in process: a reward that hangs or raises is counted, and
+  its trajectory carries NaN and its failure, never a silent 0;
 - the held-out evaluation is greedy, one answer per problem, scored by the same runner (``evaluate_problems``).
 
 Not here: how the loop turns played groups into records, metrics and datums (``rollouts.py``, ``phases.py``); a
@@ -26,26 +27,38 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tinker.lib.public_interfaces.api_future import APIFuture
+
 from rlvr import types
 from rlvr.errors import ConfigurationError
-from rlvr.rewards.registry import RewardItem
-from rlvr.rewards.runner import RewardRunner
+from rlvr.rewards.registry import Reward
 from rlvr.rl.config import LoopConfig
+from rlvr.rl.datums import sampled_logprobs
 from rlvr.rl.envs import (
     EnvGroupBuilder,
+    PendingPart,
+    Play,
     PlayContext,
     PlayedGroups,
     ProblemDataset,
     ProblemGroupBuilder,
+    RLDataset,
     Trajectory,
     TrajectoryGroup,
     Transition,
     batch_positions,
+    problem_item,
     sample_together,
 )
+from rlvr.rl.protocols import RewardScorer, SamplingAPI
 from rlvr.tasks.base import Problem, ProblemSource, select
 
-__all__ = ["SourceDataset", "curriculum_problems", "evaluate_problems"]
+__all__ = ["ScoredByRunner", "SourceDataset", "as_dataset", "curriculum_problems", "evaluate_problems"]
+
+
+def as_dataset(source: ProblemSource | RLDataset, config: LoopConfig) -> RLDataset:
+    """What the loop trains on: an env dataset as it is, a problem source as its ``SourceDataset``."""
+    return source if isinstance(source, RLDataset) else SourceDataset(source, config)
 
 
 class SourceDataset(ProblemDataset):
@@ -76,70 +89,81 @@ class SourceDataset(ProblemDataset):
         narrowed.problems = _no_harder(self.problems, max_difficulty)  # in the shuffled order; a batch may wrap
         return narrowed
 
-    def runner_reward(self) -> Any:
-        return self.source.reward()
+    @property
+    def play(self) -> ScoredByRunner:
+        return ScoredByRunner(self.source.reward())
 
-    def start(self, sampling_client: Any, parts: Sequence[Sequence[EnvGroupBuilder]], params: types.SamplingParams,
-              context: PlayContext) -> list[_ScoredOnCollect]:
-        if context.runner is None:
-            raise ConfigurationError("SourceDataset scores through the run's reward runner, and none was given")
-        builders = [b for part in parts for b in part]
-        problems = [_problem(b) for b in builders]
-        prompts = [self.source.render_ids(p, self.tokenizer) for p in problems]
+
+@dataclass(frozen=True)
+class ScoredByRunner(Play):
+    """The ``Play`` of one-turn problem groups (``ProblemGroupBuilder``s) whose answers the run's reward runner
+    scores with ``reward``: a step's requests go out as one unit, one per group with ``n = group_size`` and the
+    step's seed, so every part decodes in one batch; each part is scored when the loop collects it. The held-out
+    problems are answered greedily, one answer each, and scored by the same runner (``evaluate_problems``)."""
+
+    reward: Reward
+
+    def start(self, sampling_client: SamplingAPI, parts: Sequence[Sequence[EnvGroupBuilder]],
+              params: types.SamplingParams, context: PlayContext) -> list[PendingPart]:
+        runner = _runner(context)
+        builders = [_problem_group(b) for part in parts for b in part]
+        prompts = [b.source.render_ids(b.problem, b.tokenizer) for b in builders]
         futures = sample_together(sampling_client, [(types.ModelInput.from_ints(prompt), b.group_size, params)
                                                     for prompt, b in zip(prompts, builders, strict=True)])
-        pending, first = [], 0  # one unit above: every part decodes in one batch, and each is scored when collected
+        pending: list[PendingPart] = []
+        first = 0  # one unit above: every part decodes in one batch, and each is scored when collected
         for part in parts:
             last = first + len(part)
-            pending.append(_ScoredOnCollect(self, problems[first:last], prompts[first:last], futures[first:last],
-                                            context.runner))
+            pending.append(_ScoredOnCollect(builders[first:last], prompts[first:last], futures[first:last], runner))
             first = last
         return pending
 
-    def evaluate(self, sampling_client: Any, max_tokens: int, context: PlayContext,
-                 answered: Callable[[int], None] | None = None) -> dict[str, float]:
-        if not self.held_out:
-            return {}
-        assert context.runner is not None  # start's check: the loop gives a runner to a dataset that asks for one
-        return evaluate_problems(sampling_client, self.tokenizer, self.source, self.held_out, context.runner,
-                                 max_tokens, answered)
+    def evaluate(self, sampling_client: SamplingAPI, groups: Sequence[EnvGroupBuilder], max_tokens: int,
+                 context: PlayContext, answered: Callable[[int], None] | None = None) -> dict[str, float]:
+        builders = [_problem_group(b) for b in groups]
+        return evaluate_problems(sampling_client, builders[0].tokenizer, builders[0].source,
+                                 [b.problem for b in builders], _runner(context), max_tokens, answered)
 
 
-def _problem(builder: EnvGroupBuilder) -> Problem:
+def _runner(context: PlayContext) -> RewardScorer:
+    if context.runner is None:
+        raise ConfigurationError("SourceDataset scores through the run's reward runner, and none was given")
+    return context.runner
+
+
+def _problem_group(builder: EnvGroupBuilder) -> ProblemGroupBuilder:
     if not isinstance(builder, ProblemGroupBuilder):
         raise ConfigurationError(f"SourceDataset plays ProblemGroupBuilders, got {type(builder).__name__}")
-    return builder.problem
+    return builder
 
 
 @dataclass
 class _ScoredOnCollect:
     """A part's requests in flight; ``result()`` waits for its answers and scores them in the runner."""
 
-    dataset: SourceDataset
-    problems: list[Problem]
+    builders: list[ProblemGroupBuilder]
     prompts: list[list[int]]
-    futures: list[Any]
-    runner: RewardRunner
+    futures: Sequence[APIFuture[types.SampleResponse]]
+    runner: RewardScorer
 
     def result(self) -> PlayedGroups:
         answers = [f.result().sequences for f in self.futures]
         started = time.time()
-        decode = self.dataset.tokenizer.decode
-        items = [RewardItem(p.question, decode(s.tokens, skip_special_tokens=True), p.reward_meta())
-                 for p, sequences in zip(self.problems, answers, strict=True) for s in sequences]
+        items = [problem_item(b.problem, b.tokenizer.decode(s.tokens, skip_special_tokens=True))
+                 for b, sequences in zip(self.builders, answers, strict=True) for s in sequences]
         scores = self.runner.score(items)
         failures: dict[int, list[str]] = {}
         for failure in scores.failures:
             failures.setdefault(failure.index, []).append(f"{failure.reward} {failure.kind}: {failure.message}")
         groups, i = [], 0
-        for problem, prompt, sequences in zip(self.problems, self.prompts, answers, strict=True):
+        for builder, prompt, sequences in zip(self.builders, self.prompts, answers, strict=True):
             trajectories = []
             for s in sequences:
                 trajectories.append(Trajectory(
-                    [Transition(prompt, list(s.tokens), list(s.logprobs), _reward(scores.scores[i]),
+                    [Transition(prompt, list(s.tokens), sampled_logprobs(s), _reward(scores.scores[i]),
                                 clipped=s.stop_reason == "length")],
                     failure="; ".join(failures[i]) if i in failures else None,
-                    logs={"problem_id": problem.id, "response": items[i].response,
+                    logs={"problem_id": builder.problem.id, "response": items[i].response,
                           "parts": {name: values[i] for name, values in scores.parts.items()}}))
                 i += 1
             groups.append(TrajectoryGroup(trajectories, [0.0] * len(trajectories)))
@@ -170,8 +194,8 @@ def _no_harder(problems: list[Problem], max_difficulty: float, stage: str = "") 
     return chosen
 
 
-def evaluate_problems(sampling_client: Any, tokenizer: Any, source: ProblemSource, problems: list[Problem],
-                      runner: RewardRunner, max_tokens: int, answered: Callable[[int], None] | None = None
+def evaluate_problems(sampling_client: SamplingAPI, tokenizer: Any, source: ProblemSource, problems: list[Problem],
+                      runner: RewardScorer, max_tokens: int, answered: Callable[[int], None] | None = None
                       ) -> dict[str, float]:
     """Greedy held-out evaluation: ``test/reward/mean``, ``test/correct`` (reward >= 1) and ``test/clipped`` (the
     share of answers cut at ``max_tokens``); ``answered`` is given the problems answered so far whenever a batch of
@@ -186,8 +210,7 @@ def evaluate_problems(sampling_client: Any, tokenizer: Any, source: ProblemSourc
         clipped += sequence.stop_reason == "length"
         if answered is not None and (i + 1 == len(futures) or not future_done(futures[i + 1])):
             answered(i + 1)
-    scores = runner.score([RewardItem(p.question, r, p.reward_meta()) for p, r in zip(problems, responses,
-                                                                                      strict=True)])
+    scores = runner.score([problem_item(p, r) for p, r in zip(problems, responses, strict=True)])
     values = [s for s in scores.scores if s is not None]
     return {**scores.metrics("test/reward"), "test/correct": sum(v >= 1.0 for v in values) / max(len(values), 1),
             "test/clipped": clipped / max(len(problems), 1)}

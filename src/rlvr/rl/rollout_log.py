@@ -20,6 +20,7 @@ import html
 import itertools
 import math
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -64,8 +65,9 @@ class RolloutLog:
         """The JSONL file of ``step``."""
         return self.folder / f"step-{step:06d}.jsonl"
 
-    def write(self, step: int, records: list[RolloutRecord] | list[dict[str, Any]]) -> Path:
-        """Write ``step``'s records and regenerate ``index.html``; returns the JSONL path."""
+    def write(self, step: int, records: Sequence[Mapping[str, Any]]) -> Path:
+        """Write ``step``'s records (``RolloutRecord``s, or dicts with at least their keys) and regenerate
+        ``index.html``; returns the JSONL path."""
         if step < 0:
             raise ConfigurationError(f"step={step}: rollout steps start at 0")
         for i, record in enumerate(records):

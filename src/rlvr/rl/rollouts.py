@@ -5,8 +5,8 @@
     rollout = rollouts.collect(parts[0])                               # answers, scored: a Rollout
 
 The training loops (``loop.py``) see only this class: ``start`` sends a step's batch (of its curriculum stage's
-dataset, ``RLDataset.stage``) to the dataset's ``start`` without waiting, split into ``parts`` when the loop streams
-minibatches; ``collect`` waits for one part and makes its ``Rollout``: the rewards the loop centres, and the
+dataset, ``RLDataset.stage``) to the dataset's ``play.start`` without waiting, split into ``parts`` when the loop
+streams minibatches; ``collect`` waits for one part and makes its ``Rollout``: the rewards the loop centres, and the
 rollout-log records, built here from the played groups for every dataset. ``metrics`` are the step's ``env/all/...``
 numbers, ``held_out`` the greedy evaluation, ``probe`` the tokens the loop checks the sampler's freshness on.
 
@@ -28,11 +28,12 @@ from typing import Any
 
 from rlvr import types
 from rlvr.errors import ConfigurationError
-from rlvr.rewards.runner import BatchScores, RewardRunner
+from rlvr.rewards.runner import BatchScores
 from rlvr.rl.config import LoopConfig
-from rlvr.rl.envs import EnvGroupBuilder, PlayContext, RLDataset, Trajectory, clipped_share
+from rlvr.rl.envs import EnvGroupBuilder, PendingPart, PlayContext, RLDataset, Trajectory, clipped_share
+from rlvr.rl.protocols import RewardScorer, SamplingAPI
 
-__all__ = ["Rollout", "Rollouts", "check_dataset"]
+__all__ = ["Rollout", "Rollouts", "StartedPart", "check_dataset"]
 
 
 @dataclass
@@ -64,21 +65,21 @@ def _part_bounds(count: int, parts: int) -> list[tuple[int, int]]:
 
 
 @dataclass
-class _Part:
+class StartedPart:
     """A pending part of a step's batch: its builders, their position in the batch, and the dataset's pending."""
 
     builders: list[EnvGroupBuilder]
     first: int
-    pending: Any
+    pending: PendingPart
 
 
 class Rollouts:
     """A batch of the loop's env dataset per step (of the curriculum stage's dataset, with a curriculum), played the
-    dataset's way (``RLDataset.start``) and collected as ``Rollout``s. The dataset has at least one batch
+    dataset's way (its ``play``) and collected as ``Rollout``s. The dataset has at least one batch
     (``check_dataset``, which ``phases.open_run`` runs before any work)."""
 
     def __init__(self, dataset: RLDataset, tokenizer: Any, config: LoopConfig,
-                 runner: RewardRunner | None = None) -> None:
+                 runner: RewardScorer | None = None) -> None:
         dataset.bind_tokenizer(tokenizer)
         self.dataset, self.tokenizer, self.config = dataset, tokenizer, config
         # every stage made now, so a dataset that cannot narrow (or a stage with no batch) is refused before any work
@@ -99,14 +100,14 @@ class Rollouts:
             return self.dataset
         return self.stages[_stage_start(self.config.curriculum, step)]
 
-    def start(self, step: int, sampler: Any, params: types.SamplingParams, parts: int = 1) -> list[_Part]:
+    def start(self, step: int, sampler: SamplingAPI, params: types.SamplingParams, parts: int = 1) -> list[StartedPart]:
         """Send ``step``'s sampling requests with ``sampler``; returns ``parts`` pending parts, in order."""
         dataset = self._dataset_at(step)
         builders = list(dataset.batch_at(step))
         self._check_parts(dataset, len(builders), parts)
         bounds = _part_bounds(len(builders), parts)
-        pending = dataset.start(sampler, [builders[a:b] for a, b in bounds], params, self.context)
-        return [_Part(builders[a:b], a, p) for (a, b), p in zip(bounds, pending, strict=True)]
+        pending = dataset.play.start(sampler, [builders[a:b] for a, b in bounds], params, self.context)
+        return [StartedPart(builders[a:b], a, p) for (a, b), p in zip(bounds, pending, strict=True)]
 
     def _check_parts(self, dataset: RLDataset, groups: int, parts: int | None = None) -> None:
         """Refuse to stream a batch of ``groups`` groups in more parts than it has groups."""
@@ -116,7 +117,7 @@ class Rollouts:
                                      f"{groups} groups (problems_per_step, for a problem source): stream at most "
                                      f"{groups} parts")
 
-    def collect(self, part: _Part) -> Rollout:
+    def collect(self, part: StartedPart) -> Rollout:
         """Wait for one pending part: its rewards (None where scoring failed) and rollout-log records."""
         played = part.pending.result()
         trajectories = [g.trajectories for g in played.groups]
@@ -169,12 +170,13 @@ class Rollouts:
         bound = self.config.curriculum[_stage_start(self.config.curriculum, step)]
         return {"curriculum/max_difficulty": self._dataset_at(step).hardest(bound)}
 
-    def held_out(self, sampler: Any, answered: Callable[[int], None] | None = None) -> dict[str, float]:
+    def held_out(self, sampler: SamplingAPI, answered: Callable[[int], None] | None = None) -> dict[str, float]:
         """Greedy evaluation on the dataset's held-out groups (empty: there are none); ``answered`` is given the
         number answered so far as answers come in."""
         if not self.held_out_size:
             return {}
-        return self.dataset.evaluate(sampler, self.config.max_tokens, self.context, answered)
+        return self.dataset.play.evaluate(sampler, self.dataset.test_groups(), self.config.max_tokens, self.context,
+                                          answered)
 
     def probe(self) -> list[int]:
         """Tokens whose logprobs the loop compares between sampler and trainer."""

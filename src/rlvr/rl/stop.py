@@ -20,6 +20,8 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 from rlvr.errors import RunInterrupted
 
@@ -102,6 +104,10 @@ class StopRequest:
                 signal.signal(sig, self._handler)
 
 
-def _restore(handlers: dict[signal.Signals, object]) -> None:
+Handler = Callable[[int, FrameType | None], Any] | int | None
+"""What ``signal.signal`` takes and returns: a handler, ``SIG_DFL``/``SIG_IGN``, or None (not set from Python)."""
+
+
+def _restore(handlers: dict[signal.Signals, Handler]) -> None:
     for sig, handler in handlers.items():
-        signal.signal(sig, handler)  # type: ignore[arg-type]
+        signal.signal(sig, handler)

@@ -186,7 +186,8 @@ class WandbTracker:
             raise _missing("wandb", error) from error
         # An explicit mode= beats WANDB_MODE inside wandb, so pass the user's choice on ourselves.
         mode = os.environ.get("WANDB_MODE") or "offline"
-        self.run = wandb.init(project="rlvr", name=run_dir.resolve().name, dir=str(run_dir), config=config, mode=mode)
+        self.run = wandb.init(project="rlvr", name=run_dir.resolve().name, dir=str(run_dir), config=config,
+                              mode=mode)  # type: ignore[arg-type]  # WANDB_MODE as set; wandb validates it itself
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -227,11 +228,12 @@ class Trackers:
             self.auxiliary.run(f"tracker {type(tracker).__name__}", tracker.log, finite, step)
 
     def close(self) -> None:
-        primary, *backends = self.trackers or [None]
+        if not self.trackers:
+            return
+        primary, *backends = self.trackers
         for tracker in backends:
             self.auxiliary.run(f"tracker {type(tracker).__name__}", tracker.close)
-        if primary is not None:
-            primary.close()
+        primary.close()
 
     def __enter__(self) -> Trackers:
         return self
