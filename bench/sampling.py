@@ -56,7 +56,7 @@ from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.cpu.packed import bfloat16_supported, chosen_kind, model_kind
 from rlvr.engine.models.load import load_base_model
-from rlvr.precision import PRECISIONS
+from rlvr.numerics import PRECISIONS
 
 
 def prompts_for(tokenizer, count: int) -> list[list[int]]:

@@ -142,7 +142,7 @@ train(config(Path({str(tmp_path)!r}), steps=3, save_every=1), SayA())
 
 def test_a_run_with_no_precision_set_takes_its_models_default_and_a_resume_keeps_the_recorded_one(tmp_path,
                                                                                                  monkeypatch):
-    from rlvr import precision
+    from rlvr import numerics as precision
     from rlvr.engine import Engine
     from rlvr.engine.cpu import packed
     from rlvr.rl.config import save_config

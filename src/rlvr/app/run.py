@@ -37,7 +37,6 @@ from rlvr.app.sft import sft
 from rlvr.app.status import Stopped, running
 from rlvr.errors import ConfigurationError, RunInterrupted
 from rlvr.fileio import append_jsonl, write_atomic
-from rlvr.precision import base_precision
 from rlvr.rl.config import save_config
 from rlvr.rl.stop import StopRequest
 
@@ -53,13 +52,16 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
 def train_checked(config: TrainConfig, source: Any, console: Any = None) -> dict[str, Any]:
     """:func:`train` on a ``config`` that ``checks.check_run`` passed, with the problem source it returned (``rlvr
     train`` checks before the loop's imports, then comes here, so nothing is checked twice)."""
+    from rlvr.rl.phases import run_numerics
+
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
-        from rlvr.client import run_precision
-
-        config = dataclasses.replace(config, precision=run_precision(config.precision, config.base_model))
-        save_config(config, run_dir / "config.yaml")
+    numerics = run_numerics(config, run_dir)  # resolved once here; a resume that differs is refused before any work
+    config = dataclasses.replace(config, precision=numerics.precision)
+    if not config.resume or config.accept_numerics:  # `rlvr resume` needs it from the start: a warm-up may be
+        # stopped before the loop begins; an accepted change of numerics is recorded at once
+        save_config(dataclasses.replace(config, resume=False, accept_numerics=False), run_dir / "config.yaml",
+                    numerics)
     console = console or make_console()
     with running(run_dir, console, lambda: _where_stopped(config, run_dir)) as stop:
         return _train(config, source, run_dir, console, stop)
@@ -209,7 +211,7 @@ def _warmup(config: TrainConfig, source: Any, run_dir: Path, console: Any, warme
     steps, log = config.warmup.steps, run_dir / "warmup.jsonl"
     if warmed is not None and warmed["step"] >= steps:
         return warmed["state_path"]
-    service = ServiceClient(precision=base_precision(config.precision))
+    service = ServiceClient(numerics=dataclasses.replace(config.requested_numerics(), precision=config.precision))
     with stop.abandonable():  # loading the model: nothing to keep yet
         if warmed is None:
             training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,

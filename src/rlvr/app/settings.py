@@ -171,7 +171,9 @@ _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """A YAML (or JSON) config file as a dict; a missing or malformed file is a ConfigurationError."""
+    """A YAML (or JSON) config file as a dict; a missing or malformed file is a ConfigurationError. A run folder's
+    ``config.yaml`` also records the numerics its run resolved (``numerics:``, ``rlvr.numerics``): a record, not a
+    setting, so it is left out."""
     path = Path(path)
     if not path.is_file():
         raise ConfigurationError(f"config file {str(path)!r} does not exist")
@@ -181,6 +183,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigurationError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if not isinstance(values, dict):
         raise ConfigurationError(f"config file {str(path)!r}: expected a mapping of settings at the top level")
+    values.pop("numerics", None)
     return values
 
 

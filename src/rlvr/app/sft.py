@@ -7,9 +7,10 @@ The data is a JSONL (or JSON/Parquet) file of ``{"prompt": ..., "completion": ..
 through the model's chat template as a user turn; the completion is the assistant's answer, closed by the
 tokenizer's end-of-turn token, and only its tokens carry weight. Like the RL loop it drives only the client API.
 
-A run of ``rlvr sft`` is a run folder like ``rlvr train``'s: ``status.json``, ``metrics.jsonl``,
-``checkpoints.jsonl`` and the states in ``checkpoints/``. SIGTERM or Ctrl-C finish the step in flight, checkpoint it
-and mark the run interrupted; ``rlvr resume <folder>`` (``resume=true``) continues it to the same weights.
+A run of ``rlvr sft`` is a run folder like ``rlvr train``'s: ``config.yaml`` (with the numerics it resolved,
+``rlvr.numerics``), ``status.json``, ``metrics.jsonl``, ``checkpoints.jsonl`` and the states in
+``checkpoints/``. SIGTERM or Ctrl-C finish the step in flight, checkpoint it and mark the run interrupted;
+``rlvr resume <folder>`` (``resume=true``) continues it to the same weights.
 
 What it is not: a packing or multi-turn SFT trainer; for those, build datums yourself and call forward_backward.
 """
@@ -21,14 +22,18 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.errors import ConfigurationError
+from rlvr.rl.config import NumericsConfig
+
+if TYPE_CHECKING:
+    from rlvr.numerics import Numerics
 
 
 @dataclass
-class SftConfig:
-    """Settings of ``rlvr sft``."""
+class SftConfig(NumericsConfig):
+    """Settings of ``rlvr sft`` (the numerics ones: ``NumericsConfig``; an unset precision is the device's default)."""
 
     data: str = ""
     """JSONL (or JSON/Parquet) file of {"prompt", "completion"} records."""
@@ -50,6 +55,7 @@ class SftConfig:
     """Continue from the last checkpoint in ``out`` (one a stop wrote)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.data:
             raise ConfigurationError("data: give the JSONL file of prompt/completion pairs (data=pairs.jsonl)")
         if not Path(self.data).is_file():
@@ -140,7 +146,9 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     start = _resumed_step(config, run_dir)
-    save_config(dataclasses.replace(config, resume=False), run_dir / "config.yaml")
+    numerics = _numerics(config, run_dir)
+    save_config(dataclasses.replace(config, resume=False, accept_numerics=False, precision=numerics.precision),
+                run_dir / "config.yaml", numerics)
 
     def stopped() -> Stopped:
         from rlvr.rl.checkpoints import last_checkpoint
@@ -156,7 +164,19 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
             if progress is not None:
                 progress(step, metrics)
 
-        return _sft(config, run_dir, start, stop, show)
+        return _sft(config, run_dir, start, stop, show, numerics)
+
+
+def _numerics(config: SftConfig, run_dir: Path) -> Numerics:
+    """The numerics the run computes by, resolved by this process's engine (``rlvr.client.resolve_numerics``;
+    its precision ``config.precision``, else ``$RLVR_PRECISION``, else the device's default), and on a resume
+    checked against what the run recorded (``rlvr.numerics.check_resume``)."""
+    from rlvr.client import resolve_numerics
+    from rlvr.numerics import check_resume, recorded_numerics
+
+    numerics = resolve_numerics(config.requested_numerics())
+    check_resume(recorded_numerics(run_dir) if config.resume else None, numerics, run_dir, config.accept_numerics)
+    return numerics
 
 
 def _resumed_step(config: SftConfig, run_dir: Path) -> int:
@@ -171,14 +191,15 @@ def _resumed_step(config: SftConfig, run_dir: Path) -> int:
 
 
 def _sft(config: SftConfig, run_dir: Path, start: int, stop: Any,
-         on_step: Callable[[int, dict[str, float]], None]) -> str:
+         on_step: Callable[[int, dict[str, float]], None], numerics: Numerics) -> str:
     from rlvr.client import ServiceClient
     from rlvr.errors import RunInterrupted
     from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, record_checkpoint
     from rlvr.rl.tracking import open_trackers
 
     pairs = read_pairs(config.data)
-    service = ServiceClient()
+    service = ServiceClient(numerics=numerics)
+    record = {"numerics": numerics.as_record()}
     with stop.abandonable():  # loading the model: nothing to keep yet
         if start:
             training_client = service.create_training_client_from_state_with_optimizer(
@@ -195,11 +216,11 @@ def _sft(config: SftConfig, run_dir: Path, start: int, stop: Any,
             on_step(step, metrics)
             if stop.requested and step + 1 < config.steps:
                 path = training_client.save_state(f"sft-{step + 1:06d}").result().path
-                record_checkpoint(run_dir, {"step": step + 1, "state_path": path, "kind": "sft"})
+                record_checkpoint(run_dir, {"step": step + 1, "state_path": path, "kind": "sft", **record})
                 raise RunInterrupted(stop.signum, step + 1)
 
         supervised_steps(training_client, examples, config.steps, config.batch_size, config.learning_rate,
                          seed=config.seed, on_step=step_done, start=start)
     path = training_client.save_state("sft-final").result().path
-    record_checkpoint(run_dir, {"step": config.steps, "state_path": path, "kind": "sft", "final": True})
+    record_checkpoint(run_dir, {"step": config.steps, "state_path": path, "kind": "sft", "final": True, **record})
     return path

@@ -32,14 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from rlvr import types
-from rlvr.client import ServiceClient, run_precision
+from rlvr.client import ServiceClient, resolve_numerics, run_precision
 from rlvr.errors import ConfigurationError, RunInterrupted, SamplingError
 from rlvr.metrics import reduce_metrics
+from rlvr.numerics import Numerics, check_resume, recorded_numerics
 from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.auxiliary import AuxiliaryOutputs
 from rlvr.rl.checkpoints import last_checkpoint, own_checkpoints, prune_checkpoints, record_checkpoint
-from rlvr.rl.config import LoopConfig, recorded_precision, save_config
+from rlvr.rl.config import LoopConfig, save_config
 from rlvr.rl.datums import apply_kl_penalty, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
 from rlvr.rl.problems import SourceDataset
@@ -85,6 +86,8 @@ class LoopRun:
     stop: StopRequest = field(default_factory=StopRequest)
     """Asked for by a signal: the loop checkpoints where the step in flight ends and raises RunInterrupted."""
     show_evaluation: ShowEvaluation | None = None
+    numerics: Numerics | None = None
+    """The numerics policy the run computes by, resolved (``rlvr.numerics``): in config.yaml and each checkpoint."""
 
 
 @dataclass
@@ -132,9 +135,9 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     check_dataset(config, dataset)  # before any work
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    precision = _precision(config, run_dir)
+    numerics = run_numerics(config, run_dir)
     with stop.abandonable():  # starting Ray and its actors: nothing to keep yet
-        service, runner = _backend(config, dataset, precision)
+        service, runner = _backend(config, dataset, numerics)
     stop.reclaim_signals()  # ray.init takes SIGTERM for itself
     start_step, rng = 0, random.Random(config.seed)
     resumed = last_checkpoint(run_dir) if config.resume else None
@@ -154,8 +157,8 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
             training_client = service.create_lora_training_client(base_model=config.base_model, rank=config.rank,
                                                                    seed=config.seed)
     own_checkpoints(run_dir, training_client)
-    save_config(dataclasses.replace(config, resume=False, precision=precision),  # the settings now in force
-                run_dir / "config.yaml")
+    save_config(dataclasses.replace(config, resume=False, accept_numerics=False, precision=numerics.precision),
+                run_dir / "config.yaml", numerics)  # the settings now in force, and the numerics resolved
     tokenizer = training_client.get_tokenizer()
     with contextlib.ExitStack() as stack:
         if hasattr(service, "close"):  # Ray: the actors of a stopped or failed run end with it; a finished run's
@@ -175,7 +178,7 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
         yield LoopRun(config, run_dir, service, training_client, rollouts, tracker, auxiliary,
                       rollout_log, rng, start_step,
                       types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress,
-                      stop, show_evaluation)
+                      stop, show_evaluation, numerics)
 
 
 def _close_on_error(close: Callable[[], None]) -> Callable[..., bool]:
@@ -320,7 +323,8 @@ def save_checkpoint(run: LoopRun, steps_done: int, final: bool) -> None:
     ``keep_checkpoints`` no longer keeps (a failure to delete is logged; training goes on)."""
     path = run.training_client.save_state(f"step-{steps_done:06d}").result().path
     record_checkpoint(run.run_dir, {"step": steps_done, "state_path": path, "rng": run.rng.getstate(),
-                                    **({"final": True} if final else {})})
+                                    **({"final": True} if final else {}),
+                                    **({"numerics": run.numerics.as_record()} if run.numerics else {})})
     run.auxiliary.run("checkpoint pruning", prune_checkpoints, run.run_dir, run.config.keep_checkpoints)
 
 
@@ -357,32 +361,45 @@ def _training_metrics(work: StepWork) -> dict[str, float]:
 # -- setup helpers -----------------------------------------------------------------------------------------------
 
 
-def _precision(config: LoopConfig, run_dir: Path) -> str:
-    """What the run's frozen matmuls run in (recorded in its config.yaml): ``config.precision``, else on a resume
-    the precision the run recorded, else ``$RLVR_PRECISION``, else the model's default on this machine
-    (``rlvr.client.run_precision``). Resuming in another precision than the
-    run's would change its arithmetic half-way: an error."""
-    recorded = recorded_precision(run_dir) if config.resume else None
+def _requested_numerics(config: LoopConfig, run_dir: Path) -> Numerics:
+    """The numerics policy the run asks for (``config.requested_numerics``: the config, else the environment), its
+    precision ``config.precision``, else on a resume the precision the run recorded, else ``$RLVR_PRECISION``, else
+    the model's default on this machine (``rlvr.client.run_precision``). The engine resolves the rest
+    (``rlvr.client.resolve_numerics``); a resume must then match what the run recorded
+    (``rlvr.numerics.check_resume``)."""
+    recorded = (recorded_numerics(run_dir) or {}).get("precision") if config.resume else None
     precision = run_precision(config.precision or recorded, config.base_model)
-    if recorded and precision != recorded:
-        raise ConfigurationError(f"{run_dir} trained with precision={recorded}; resuming it with precision="
-                                 f"{precision} would change its arithmetic half-way: set precision={recorded} (or "
-                                 "start a new run)")
-    return precision
+    return dataclasses.replace(config.requested_numerics(), precision=precision)
 
 
-def _backend(config: LoopConfig, dataset: RLDataset, precision: str) -> tuple[Any, Any]:
+def run_numerics(config: LoopConfig, run_dir: Path) -> Numerics:
+    """The numerics policy the run computes by (``_requested_numerics``), resolved on this machine (the process's
+    engine's; for Ray, as an engine here would), and on a resume checked against what the run recorded: a
+    ConfigurationError naming both where they differ in precision or matmul kinds, unless ``accept_numerics``."""
+    numerics = resolve_numerics(_requested_numerics(config, run_dir), local=config.distributed.backend != "ray")
+    check_resume(recorded_numerics(run_dir) if config.resume else None, numerics, run_dir, config.accept_numerics)
+    return numerics
+
+
+def _precision(config: LoopConfig, run_dir: Path) -> str:
+    """What the run's frozen matmuls run in (``_requested_numerics``), recorded in its config.yaml."""
+    return _requested_numerics(config, run_dir).precision  # type: ignore[return-value]  # run_precision's: a str
+
+
+def _backend(config: LoopConfig, dataset: RLDataset, numerics: Numerics) -> tuple[Any, Any]:
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (no runner
-    for a dataset whose envs score themselves). Their engines multiply in ``precision``."""
+    for a dataset whose envs score themselves). Their engines compute by ``numerics``, the run's resolved policy (Ray
+    actors take its settings and precision and resolve the rest on their machines)."""
     reward = dataset.runner_reward()
+    precision = numerics.precision or "float32"
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
         if config.distributed.sampler == "vllm":
             check_vllm_arithmetic(config, precision)
         return ray_backend(config.distributed, reward, timeout=config.reward_timeout, seed=config.seed,
-                           precision=precision)
-    return (ServiceClient(precision=precision),
+                           numerics=dataclasses.replace(config.requested_numerics(), precision=precision))
+    return (ServiceClient(numerics=numerics),
             None if reward is None else RewardRunner(reward, timeout=config.reward_timeout))
 
 
