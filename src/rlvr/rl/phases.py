@@ -376,7 +376,10 @@ def run_numerics(config: LoopConfig, run_dir: Path) -> Numerics:
     """The numerics policy the run computes by (``_requested_numerics``), resolved on this machine (the process's
     engine's; for Ray, as an engine here would), and on a resume checked against what the run recorded: a
     ConfigurationError naming both where they differ in precision or matmul kinds, unless ``accept_numerics``."""
-    numerics = resolve_numerics(_requested_numerics(config, run_dir), local=config.distributed.backend != "ray")
+    requested = _requested_numerics(config, run_dir)
+    if config.distributed.backend == "ray" and config.distributed.sampler == "vllm":  # before anything starts
+        check_vllm_arithmetic(config, requested.precision or "float32")
+    numerics = resolve_numerics(requested, local=config.distributed.backend != "ray")
     check_resume(recorded_numerics(run_dir) if config.resume else None, numerics, run_dir, config.accept_numerics)
     return numerics
 
@@ -395,8 +398,6 @@ def _backend(config: LoopConfig, dataset: RLDataset, numerics: Numerics) -> tupl
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
-        if config.distributed.sampler == "vllm":
-            check_vllm_arithmetic(config, precision)
         return ray_backend(config.distributed, reward, timeout=config.reward_timeout, seed=config.seed,
                            numerics=dataclasses.replace(config.requested_numerics(), precision=precision))
     return (ServiceClient(numerics=numerics),
