@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,7 @@ from rlvr import types
 from rlvr.engine import Engine
 from rlvr.engine.cpu.packed import bfloat16_supported, chosen_kind, model_kind
 from rlvr.engine.models.load import load_base_model
-from rlvr.precision import PRECISIONS
+from rlvr.numerics import PRECISIONS
 
 
 def prompts_for(tokenizer, count: int) -> list[list[int]]:
@@ -150,7 +149,9 @@ def measure(args: argparse.Namespace, precision: str) -> dict:
     sampler = rlvr.ServiceClient(engine).create_sampling_client(base_model=base_model)
     run_rlvr(sampler, prompts_for(tokenizer, 1), 1, 4)  # warm-up
     if precision == "float32":
-        kernel = chosen_kind("decode") or os.environ.get("RLVR_MATMUL") or "plain"
+        kernel = engine.numerics.sampler_kind  # the policy's kind; timed: the one that won the timing
+        if kernel == "timed":
+            kernel = chosen_kind("decode") or "plain"
     else:  # the trainer's bfloat16 kernel, which the sampler follows
         kernel = model_kind(engine.run(engine.host, base_model).base.model)
     print(f"rlvr's decode matmul kernel: {kernel}")

@@ -43,7 +43,7 @@ RULES: list[tuple[str | tuple[str, tuple[str, ...]], tuple[str, ...], str]] = [
     ("rlvr.client", ("rlvr.rl", "rlvr.server", "rlvr.rewards"), "the clients sit below the loop and the server"),
     ("rlvr.engine", ("rlvr.rewards", "rlvr.rl", "rlvr.server", "rlvr.tasks", "rlvr.sandbox", "rlvr.distributed"),
      "the engine knows nothing of rewards, environments or the server"),
-    ("rlvr.precision", TORCH_FREE, "shared by the RL layer and the engine, so torch-free"),
+    ("rlvr.numerics", TORCH_FREE, "the numerics policy, resolved for the RL layer and the engine alike, so torch-free"),
     ("rlvr.metrics", TORCH_FREE, "shared by the RL layer and the engine, so torch-free"),
     ("rlvr.fileio", TORCH_FREE, "every layer writes run files with it, so torch-free"),
     ("rlvr.model_names", TORCH_FREE, "shared by the RL layer and the engine, so torch-free"),

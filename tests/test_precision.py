@@ -1,4 +1,4 @@
-"""rlvr.precision: the one list of precisions and how a run picks one, without torch."""
+"""rlvr.numerics: the one list of precisions and how a run picks one, without torch."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 
 import rlvr
 from rlvr.errors import ConfigurationError
-from rlvr.precision import PRECISIONS, base_precision
+from rlvr.numerics import PRECISIONS, base_precision
 
 
 def test_precision_is_float32_unless_asked_and_names_are_checked(monkeypatch):
@@ -28,7 +28,7 @@ def test_precision_is_float32_unless_asked_and_names_are_checked(monkeypatch):
 
 
 def test_choosing_a_precision_does_not_load_torch():
-    code = ("import sys\nfrom rlvr.precision import base_precision\nbase_precision('bfloat16')\n"
+    code = ("import sys\nfrom rlvr.numerics import base_precision\nbase_precision('bfloat16')\n"
             "print('torch' in sys.modules)")
     src = str(Path(rlvr.__file__).parents[1])  # the rlvr under test, not whichever one is installed
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -37,7 +37,7 @@ def test_choosing_a_precision_does_not_load_torch():
 
 
 def test_a_run_takes_bfloat16_only_for_a_large_model_on_a_cpu_that_multiplies_it():
-    from rlvr.precision import AUTO_BFLOAT16_PARAMS, run_default_precision
+    from rlvr.numerics import AUTO_BFLOAT16_PARAMS, run_default_precision
 
     qwen = 493_961_216  # Qwen2.5-0.5B's linear weights (see test_client); SmolLM2-135M has 134.5M
     assert AUTO_BFLOAT16_PARAMS == 300_000_000

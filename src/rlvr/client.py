@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,10 +41,10 @@ from rlvr.engine.sample.watch import Watch
 from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.engine.train.optim import check_params_for, config_of, kind_of, kind_of_config
 from rlvr.errors import ConfigurationError
-from rlvr.precision import base_precision, run_default_precision
+from rlvr.numerics import Numerics, base_precision, run_default_precision
 
 __all__ = ["LORA_ALPHA", "SamplingClient", "ServiceClient", "TrainingClient", "check_base_model", "check_loss",
-           "run_precision"]
+           "resolve_numerics", "run_precision"]
 
 
 def _async_of(method: Callable[..., Any], awaited: bool = False) -> Callable[..., Any]:
@@ -115,12 +114,13 @@ class ServiceClient:
     """
 
     def __init__(self, engine: Engine | None = None, *, precision: str | None = None,
-                 device: str | torch.device | None = None, **_ignored: Any) -> None:
-        """Clients on the process's shared engine, whose frozen base matmuls multiply in ``precision`` (``"float32"``
-        or ``"bfloat16"``; None: ``$RLVR_PRECISION``, else the device's default; see ``rlvr.precision``) on
-        ``device``, or on ``engine``, an engine of your own. Tinker's ``api_key``, ``base_url`` and other connection
-        settings mean nothing in-process and are ignored."""
-        self.engine = _engine(engine, precision, device)
+                 device: str | torch.device | None = None, numerics: Numerics | None = None,
+                 **_ignored: Any) -> None:
+        """Clients on the process's shared engine, which computes by ``numerics`` (``rlvr.numerics``; None: the
+        environment's), its frozen base matmuls in ``precision`` (``"float32"`` or ``"bfloat16"``; None: the
+        policy's, else the device's default) on ``device``, or on ``engine``, an engine of your own. Tinker's
+        ``api_key``, ``base_url`` and other connection settings mean nothing in-process and are ignored."""
+        self.engine = _engine(engine, precision, device, numerics)
 
     def create_lora_training_client(
         self,
@@ -378,11 +378,11 @@ class SamplingClient(_SelfFuture):
 
 def run_precision(precision: str | None, base_model: str) -> str:
     """What a training run on ``base_model`` multiplies its frozen weights in: ``precision``, else
-    ``$RLVR_PRECISION``, else on the CPU ``rlvr.precision.run_default_precision`` (bfloat16 for a model of 300M+
+    ``$RLVR_PRECISION``, else on the CPU ``rlvr.numerics.run_default_precision`` (bfloat16 for a model of 300M+
     linear weights where the CPU multiplies bfloat16 in hardware, float32 otherwise), else float32. Read from the
     model's config alone, before anything loads; the run records the answer, and a resume keeps it. Where this
     process's engine already exists (a process holds one), an unset precision is the one it multiplies in."""
-    if precision or os.environ.get("RLVR_PRECISION") or resolve_device(None).type != "cpu":
+    if Numerics.resolve(precision=precision).precision or resolve_device(None).type != "cpu":
         return base_precision(precision)
     if (engine := Engine.current()) is not None:
         return engine.precision
@@ -420,11 +420,27 @@ def check_loss(loss_fn: str, loss_fn_config: Mapping[str, Any] | None, inputs: f
     resolve_loss(loss_fn, dict(loss_fn_config or {}))
 
 
-def _engine(engine: Engine | None, precision: str | None, device: str | torch.device | None = None) -> Engine:
-    """The engine a ServiceClient runs on: ``engine`` when given (and then ``precision`` and ``device``, if given,
-    must be its own), else the process's shared one in ``precision`` on ``device``."""
+def resolve_numerics(numerics: Numerics, *, local: bool = True) -> Numerics:
+    """``numerics`` resolved on this machine (``Numerics.resolved``: the concrete precision, device and matmul
+    kinds), what a run records: with ``local``, the policy of this process's engine, which is created with
+    ``numerics`` where there is none yet (ConfigurationError where the existing one computes otherwise); else (the
+    engines are elsewhere: Ray actors) resolved here without an engine, as an engine on this machine would."""
+    if local:
+        return Engine.default(numerics=numerics).numerics
+    from rlvr.engine.device import resolve_numerics as on_this_machine
+
+    return on_this_machine(numerics)
+
+
+def _engine(engine: Engine | None, precision: str | None, device: str | torch.device | None = None,
+            numerics: Numerics | None = None) -> Engine:
+    """The engine a ServiceClient runs on: ``engine`` when given (and then ``precision``, ``device`` and
+    ``numerics``, if given, must be its own), else the process's shared one by ``numerics``, in ``precision`` on
+    ``device``."""
     if engine is None:
-        return Engine.default(precision, device)
+        return Engine.default(precision, device, numerics)
+    if numerics is not None:
+        engine.check_policy(numerics)
     if device is not None and resolve_device(device) != engine.device:
         raise ConfigurationError(f"device={device!r}, but the engine given runs on {engine.device}: drop one")
     if precision is not None and base_precision(precision) != engine.precision:

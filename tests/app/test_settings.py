@@ -10,7 +10,7 @@ import yaml
 from rlvr.app.recipes import PRESETS as RECIPES
 from rlvr.app.settings import TrainConfig, options, parse_overrides, resolve_config
 from rlvr.errors import ConfigurationError
-from rlvr.precision import PRECISIONS
+from rlvr.numerics import PRECISIONS
 from rlvr.rl.config import save_config
 
 
@@ -115,7 +115,7 @@ def test_bad_config_names_the_key(overrides, named):
 
 
 def test_precision_choices_are_the_engines():
-    from rlvr import precision  # the one list, torch-free, which the engine reads too
+    from rlvr import numerics as precision  # the one list, torch-free, which the engine reads too
 
     assert PRECISIONS is precision.PRECISIONS
 

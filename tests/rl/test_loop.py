@@ -15,7 +15,8 @@ from rlvr.errors import ConfigurationError, SamplingError
 from rlvr.fileio import read_jsonl
 from rlvr.rl import LoopConfig, check_sampler_fresh, check_vllm_arithmetic, train
 from rlvr.rl.checkpoints import last_checkpoint
-from rlvr.rl.config import DistributedConfig, recorded_precision
+from rlvr.rl.config import DistributedConfig
+from rlvr.rl.run_record import recorded_precision
 from rlvr.tasks.base import Problem, ProblemSource
 
 
@@ -142,7 +143,7 @@ train(config(Path({str(tmp_path)!r}), steps=3, save_every=1), SayA())
 
 def test_a_run_with_no_precision_set_takes_its_models_default_and_a_resume_keeps_the_recorded_one(tmp_path,
                                                                                                  monkeypatch):
-    from rlvr import precision
+    from rlvr import numerics as precision
     from rlvr.engine import Engine
     from rlvr.engine.cpu import packed
     from rlvr.rl.config import save_config

@@ -35,7 +35,6 @@ from rlvr.app.sft import sft
 from rlvr.app.status import running, stopped_at
 from rlvr.errors import RunInterrupted
 from rlvr.fileio import append_jsonl
-from rlvr.precision import base_precision
 from rlvr.rl.run_record import Checkpoint, RunRecord
 from rlvr.rl.stop import StopRequest
 
@@ -51,13 +50,16 @@ def train(config: TrainConfig | dict[str, Any] | str | Path | None = None, overr
 def train_checked(config: TrainConfig, source: Any, console: Any = None) -> dict[str, Any]:
     """:func:`train` on a ``config`` that ``checks.check_run`` passed, with the problem source it returned (``rlvr
     train`` checks before the loop's imports, then comes here, so nothing is checked twice)."""
+    from rlvr.rl.phases import run_numerics
+
     record = RunRecord(config.out)
     record.run_dir.mkdir(parents=True, exist_ok=True)
-    if not config.resume:  # `rlvr resume` needs it from the start: a warm-up may be stopped before the loop begins
-        from rlvr.client import run_precision
-
-        config = dataclasses.replace(config, precision=run_precision(config.precision, config.base_model))
-        record.write_config(config, "rl", numerics={"precision": config.precision})
+    numerics = run_numerics(config, record)  # resolved once here; a resume that differs is refused before any work
+    config = dataclasses.replace(config, precision=numerics.precision)
+    if not config.resume or config.accept_numerics:  # `rlvr resume` needs it from the start: a warm-up may be
+        # stopped before the loop begins; an accepted change of numerics is recorded at once
+        record.write_config(dataclasses.replace(config, resume=False, accept_numerics=False), "rl",
+                            numerics=numerics.as_record())
     console = console or make_console()
     with running(record.run_dir, console, lambda: stopped_at(record, config.steps, config.warmup.steps)) as stop:
         return _train(config, source, record, console, stop)
@@ -187,7 +189,7 @@ def _warmup(config: TrainConfig, source: Any, record: RunRecord, console: Any, w
     steps, log = config.warmup.steps, record.run_dir / "warmup.jsonl"
     if warmed is not None and warmed.step >= steps:
         return warmed.state_path
-    service = ServiceClient(precision=base_precision(config.precision))
+    service = ServiceClient(numerics=dataclasses.replace(config.requested_numerics(), precision=config.precision))
     with stop.abandonable():  # loading the model: nothing to keep yet
         training_client = record.open_client(service, warmed, base_model=config.base_model, rank=config.rank,
                                              seed=config.seed)

@@ -8,10 +8,10 @@ through the model's chat template as a user turn; the completion is the assistan
 tokenizer's end-of-turn token, and only its tokens carry weight. Like the RL loop it drives only the client API.
 
 A run of ``rlvr sft`` is a run folder like ``rlvr train``'s, kept by the same run record (``rlvr.rl.run_record``):
-``config.yaml`` (``kind: sft``), ``status.json``, ``metrics.jsonl``, ``checkpoints.jsonl`` and the states in
-``checkpoints/`` (every ``save_every`` steps and at the end, pruned to ``keep_checkpoints``). SIGTERM or Ctrl-C
-finish the step in flight, checkpoint it and mark the run interrupted; ``rlvr resume <folder>`` (``resume=true``)
-continues it to the same weights.
+``config.yaml`` (``kind: sft``, and the numerics it resolved, ``rlvr.numerics``), ``status.json``, ``metrics.jsonl``,
+``checkpoints.jsonl`` and the states in ``checkpoints/`` (every ``save_every`` steps and at the end, pruned to
+``keep_checkpoints``). SIGTERM or Ctrl-C finish the step in flight, checkpoint it and mark the run interrupted;
+``rlvr resume <folder>`` (``resume=true``) continues it to the same weights.
 
 What it is not: a packing or multi-turn SFT trainer; for those, build datums yourself and call forward_backward.
 """
@@ -23,15 +23,19 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.errors import ConfigurationError
+from rlvr.rl.config import NumericsConfig
 from rlvr.rl.run_record import Checkpoint, RunRecord
+
+if TYPE_CHECKING:
+    from rlvr.numerics import Numerics
 
 
 @dataclass
-class SftConfig:
-    """Settings of ``rlvr sft``."""
+class SftConfig(NumericsConfig):
+    """Settings of ``rlvr sft`` (the numerics ones: ``NumericsConfig``; an unset precision is the device's default)."""
 
     data: str = ""
     """JSONL (or JSON/Parquet) file of {"prompt", "completion"} records."""
@@ -60,6 +64,7 @@ class SftConfig:
     """Continue from the last checkpoint in ``out`` (one a stop wrote)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.data:
             raise ConfigurationError("data: give the JSONL file of prompt/completion pairs (data=pairs.jsonl)")
         if not Path(self.data).is_file():
@@ -156,9 +161,10 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
         config = built
     record = RunRecord(config.out)
     resumed = record.resume_point("sft", config.steps) if config.resume else None  # None: from step 0
-    service = ServiceClient()
-    record.write_config(dataclasses.replace(config, resume=False), "sft",
-                        numerics={"precision": service.engine.precision})
+    numerics = _numerics(config, record)
+    service = ServiceClient(numerics=numerics)
+    record.write_config(dataclasses.replace(config, resume=False, accept_numerics=False, precision=numerics.precision),
+                        "sft", numerics=numerics.as_record())
     start = resumed.step if resumed is not None else 0
     shown = contextlib.nullcontext() if console is None else StepProgress(console, "step", config.steps, start=start)
     with running(record.run_dir, console or make_console(), lambda: stopped_at(record, config.steps),
@@ -170,6 +176,18 @@ def sft(config: SftConfig | dict[str, Any], progress: Callable[[int, dict[str, f
                 progress(step, metrics)
 
         return _sft(config, record, service, resumed, stop, show)
+
+
+def _numerics(config: SftConfig, record: RunRecord) -> Numerics:
+    """The numerics the run computes by, resolved by this process's engine (``rlvr.client.resolve_numerics``;
+    its precision ``config.precision``, else ``$RLVR_PRECISION``, else the device's default), and on a resume
+    checked against what the run recorded (``rlvr.numerics.check_resume``)."""
+    from rlvr.client import resolve_numerics
+    from rlvr.numerics import check_resume
+
+    numerics = resolve_numerics(config.requested_numerics())
+    check_resume(record.numerics if config.resume else None, numerics, record.run_dir, config.accept_numerics)
+    return numerics
 
 
 def _sft(config: SftConfig, record: RunRecord, service: Any, resumed: Checkpoint | None, stop: Any,

@@ -33,6 +33,7 @@ from rlvr.distributed.cluster import MAX_RESTARTS, actor_env, connect, import_ra
 if TYPE_CHECKING:
     from rlvr.distributed.clients import RayServiceClient
     from rlvr.distributed.rewards import RayRewardRunner
+    from rlvr.numerics import Numerics
     from rlvr.rewards.registry import Reward, RewardFn
 
 SAMPLER_CONCURRENCY = 32
@@ -50,14 +51,15 @@ class Placement(Protocol):
 
 
 def ray_backend(config: Placement, reward: str | Reward | RewardFn | None, *, timeout: float = 10.0,
-                seed: int | None = None, precision: str | None = None
+                seed: int | None = None, numerics: Numerics | None = None
                 ) -> tuple[RayServiceClient, RayRewardRunner | None]:
     """Start the actors ``config`` (a ``DistributedConfig``) asks for; return ``(service, runner)`` for the loop.
 
     ``reward`` is what the runner scores with (it must survive cloudpickle: ConfigurationError otherwise, before
     any model actor starts; None: no reward actors and no runner, for envs that score themselves), ``timeout``
-    the seconds per reward call, ``seed`` seeds requests that bring no seed, ``precision`` what the rlvr actors'
-    engines multiply frozen base weights in (``packed.base_precision``).
+    the seconds per reward call, ``seed`` seeds requests that bring no seed, ``numerics`` the driver's numerics
+    policy (``rlvr.numerics``; None: the driver's environment's), which the rlvr actors' engines compute by, each
+    resolving it on its own machine (their thread counts are their share of it, below).
     Connects to ``config.address`` unless this process is already connected to Ray.
     """
     from rlvr.distributed.rewards import RayRewardRunner
@@ -68,11 +70,14 @@ def ray_backend(config: Placement, reward: str | Reward | RewardFn | None, *, ti
               RayRewardRunner(reward, timeout=timeout, num_workers=config.num_reward_workers, name=f"rlvr-{tag}"))
     from rlvr.distributed.actors import SamplerActor, TrainerActor
     from rlvr.distributed.clients import RayServiceClient
+    from rlvr.numerics import Numerics
+
+    numerics = numerics or Numerics.resolve()  # read here, in the driver: the actors compute as it asks
 
     env = actor_env() or None
     share = 1 + config.num_samplers  # model-holding actors on one machine split its cores
     trainer = ray.remote(TrainerActor).options(name=f"rlvr-{tag}-trainer", num_cpus=0, max_restarts=0,
-                                               runtime_env=env).remote(share, precision)
+                                               runtime_env=env).remote(share, numerics=numerics)
     sampler_options = {"num_cpus": 0, "max_restarts": MAX_RESTARTS, "max_task_retries": 0,
                        "max_concurrency": SAMPLER_CONCURRENCY, "scheduling_strategy": "SPREAD", "runtime_env": env}
     if getattr(config, "sampler", "rlvr") == "vllm":
@@ -83,7 +88,7 @@ def ray_backend(config: Placement, reward: str | Reward | RewardFn | None, *, ti
                     for i in range(config.num_samplers)]
     else:
         samplers = [ray.remote(SamplerActor).options(name=f"rlvr-{tag}-sampler-{i}", **sampler_options)
-                    .remote(i, share, precision) for i in range(config.num_samplers)]
+                    .remote(i, share, numerics=numerics) for i in range(config.num_samplers)]
     try:
         service = RayServiceClient(trainer, samplers, seed=seed)
         if runner is not None:

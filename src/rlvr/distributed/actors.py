@@ -15,6 +15,7 @@ see the package docstring). The trainer is not restarted when it dies: its optim
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ from rlvr.engine.engine import Engine
 from rlvr.engine.sample_queue import SamplerHandle
 from rlvr.errors import SamplingError
 from rlvr.home import resolve
+from rlvr.numerics import Numerics
 
 BASE_DIGEST = "base-model"
 """The 'hash' of the untrained base model (no adapter to verify)."""
@@ -42,21 +44,21 @@ KEEP_ADAPTERS = 3
 """Published adapters a sampler keeps loaded; an older one is reloaded from its files if asked for again."""
 
 
-def _set_threads(share: int) -> None:
-    """Give this actor its share of the machine's cores (on a 2-core box: 1 thread), so actors do not fight; fixed
-    for its engine (``RLVR_THREADS``), which would otherwise divide it again by the other actors computing."""
+def _engine(share: int, precision: str | None, numerics: Numerics | None) -> Engine:
+    """This actor's engine, by the driver's ``numerics`` (None: this process's environment's) in ``precision`` (None:
+    the policy's) with this actor's share of the machine's cores (on a 2-core box: 1 thread), so actors do not
+    fight; fixed for its engine (``threads``), which would otherwise divide it again by the other actors computing."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cpus // max(1, share))
     torch.set_num_threads(threads)
-    os.environ["RLVR_THREADS"] = str(threads)  # this actor's process only
+    return Engine(precision=precision, numerics=dataclasses.replace(numerics or Numerics.resolve(), threads=threads))
 
 
 class TrainerActor:
     """The training side: training clients on an in-process engine, and adapter publication."""
 
-    def __init__(self, thread_share: int = 1, precision: str | None = None) -> None:
-        _set_threads(thread_share)
-        self._service = ServiceClient(engine=Engine(precision=precision))
+    def __init__(self, thread_share: int = 1, precision: str | None = None, numerics: Numerics | None = None) -> None:
+        self._service = ServiceClient(engine=_engine(thread_share, precision, numerics))
         self._clients: dict[str, TrainingClient] = {}
         self._ephemeral = 0
 
@@ -120,11 +122,11 @@ class TrainerActor:
 class SamplerActor(RestartableActor):
     """One sampler replica: the base model plus the adapters published to it, each verified by its hash."""
 
-    def __init__(self, index: int, thread_share: int = 1, precision: str | None = None) -> None:
+    def __init__(self, index: int, thread_share: int = 1, precision: str | None = None,
+                 numerics: Numerics | None = None) -> None:
         super().__init__()
-        _set_threads(thread_share)
         self.index = index
-        self._engine = Engine(precision=precision)
+        self._engine = _engine(thread_share, precision, numerics)
         self._lock = threading.Lock()
         self._loaded: OrderedDict[str, tuple[SamplerHandle, str]] = OrderedDict()
         self._loads = 0

@@ -7,9 +7,10 @@ has cores take turns on the cores mid-spin, and each runs several times slower t
 decode, it counts the other processes whose file was touched in the last two seconds and takes ``threads // (1 +
 others)`` threads (at least one), where ``threads`` is torch's count when the engine started. Alone, it keeps them all.
 
-``RLVR_THREADS=N`` fixes this process's count instead (it still marks itself computing, so the others share with it). A
-sum split over 1 thread or 2 rounds differently in the last bits, so two runs of one seed end bit for bit alike only at
-a fixed count; the test suite fixes it for that reason.
+The numerics policy's ``threads=N`` (``rlvr.numerics``: the ``threads`` key or ``RLVR_THREADS``) fixes this process's
+count instead (it still marks itself computing, so the others share with it). A sum split over 1 thread or 2 rounds
+differently in the last bits, so two runs of one seed end bit for bit alike only at a fixed count; the test suite fixes
+it for that reason.
 
 Not here: GPU engines (their CPU threads only feed the device, and are left alone), or processes that are not rlvr
 engines (the reward sandbox, other programs).
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.errors import ConfigurationError
+from rlvr.numerics import active
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +44,9 @@ _current = threading.local()
 
 
 def fixed_threads() -> int | None:
-    """``RLVR_THREADS`` as a thread count, or None when unset; ConfigurationError naming the fix when it is not a
-    positive integer."""
-    value = os.environ.get("RLVR_THREADS", "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigurationError(f"RLVR_THREADS={value!r}: set it to a positive number of threads (such as 2), or "
-                                 "unset it to share the cores with other rlvr processes")
-    return int(value)
+    """The active policy's fixed thread count (``rlvr.numerics.active``: the ``threads`` config key or
+    ``RLVR_THREADS``), or None when unset; ConfigurationError naming the fix when it is not a positive integer."""
+    return active().threads
 
 
 class CoreShare:

@@ -1,11 +1,12 @@
 """Where the engine computes: the device (CPU or one CUDA GPU), the precision of the base weights there, and which
-trainer and sampler paths it takes.
+trainer and sampler paths it takes; the machine's part of the numerics policy (``rlvr.numerics``).
 
 - ``resolve_device``: ``"auto"`` (a CUDA GPU when torch sees one, else the CPU), ``"cpu"``, ``"cuda"`` (the current
-  GPU) or ``"cuda:N"``; ``None`` reads ``RLVR_DEVICE``, else ``"auto"``.
+  GPU) or ``"cuda:N"``; ``None`` takes the policy's (``RLVR_DEVICE``), else ``"auto"``.
 - ``resolve_precision``: on the CPU, ``packed.base_precision`` (float32 by default, bfloat16 matmuls on oneDNN on
   request); on CUDA the base weights are *stored* in bfloat16 by default (``"float32"`` on request), while LoRA
   weights, AdamW state, logits and logprobs stay float32.
+- ``resolve_numerics``: a policy resolved on this machine (device, precision, matmul kinds), what an engine reports.
 - ``GpuPaths``: the trainer and sampler paths written for a GPU (packed sequences, chunked logprobs, a sampler whose
   state stays on the device) and their settings. The engine takes them on CUDA; a CPU engine takes them when given
   one (that is how the CPU tests check them). Without them, a CPU engine runs its own paths: the shared-prefix
@@ -19,26 +20,27 @@ Not here: moving models (``models.load_base_model``), the paths themselves (``pa
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import re
 from dataclasses import dataclass
 
 import torch
 
 from rlvr.errors import ConfigurationError
+from rlvr.numerics import PRECISIONS, Numerics, active
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N (N: a GPU index)"
-PRECISIONS = ("float32", "bfloat16")
 CUDA_DEFAULT_PRECISION = "bfloat16"
 
 
-def resolve_device(device: str | torch.device | None = None) -> torch.device:
+def resolve_device(device: str | torch.device | None = None, numerics: Numerics | None = None) -> torch.device:
     """The device ``device`` names (see the module docstring), checked against this machine; CUDA devices always
-    carry their index (``cuda`` -> ``cuda:0`` on a one-GPU machine), so two names of one GPU compare equal."""
+    carry their index (``cuda`` -> ``cuda:0`` on a one-GPU machine), so two names of one GPU compare equal. None: the
+    policy's (``numerics``, default ``rlvr.numerics.active()``), else "auto"."""
     source = "device"
     if device is None:
-        device = os.environ.get("RLVR_DEVICE") or "auto"
-        source = "RLVR_DEVICE" if os.environ.get("RLVR_DEVICE") else "device"
+        policy = numerics or active()
+        device, source = policy.device or "auto", policy.source("device")
     text = str(device) if isinstance(device, torch.device) else device
     if not isinstance(text, str):
         raise ConfigurationError(f"{source}={device!r} is not a device name: choose {DEVICE_CHOICES}")
@@ -63,16 +65,21 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cuda", index)
 
 
-def resolve_precision(precision: str | None, device: torch.device, paths: GpuPaths | None = None) -> str:
-    """The base weights' precision on ``device``: ``precision``, else ``RLVR_PRECISION``, else the device's default
-    (CPU: float32, see ``packed.supported_precision``; CUDA: bfloat16). A CPU on the GPU ``paths`` runs float32 only
-    (its bfloat16 is the CPU kernels')."""
-    chosen = precision or os.environ.get("RLVR_PRECISION")
+def resolve_precision(precision: str | None, device: torch.device, paths: GpuPaths | None = None,
+                      numerics: Numerics | None = None) -> str:
+    """The base weights' precision on ``device``: ``precision``, else the policy's (``numerics``, default
+    ``rlvr.numerics.active()``: ``RLVR_PRECISION``), else the device's default (CPU: float32, see
+    ``packed.supported_precision``; CUDA: bfloat16). A CPU on the GPU ``paths`` runs float32 only (its bfloat16 is
+    the CPU kernels')."""
+    source = "precision"
+    if not precision:
+        policy = numerics or active()
+        precision, source = policy.precision, policy.source("precision")
+    chosen = precision
     if device.type == "cpu" and paths is None:
         from rlvr.engine.cpu.packed import supported_precision  # the CPU kernels load on the CPU paths only
 
-        return supported_precision(precision)
-    source = "precision" if precision else "RLVR_PRECISION"
+        return supported_precision(chosen or "float32")
     if device.type == "cpu":
         if chosen not in (None, "float32"):
             raise ConfigurationError(f"{source}={chosen!r}, but GPU paths on the CPU run in float32 only: drop "
@@ -85,6 +92,25 @@ def resolve_precision(precision: str | None, device: torch.device, paths: GpuPat
         raise ConfigurationError(f"precision bfloat16 on {device}: this GPU has no bfloat16 arithmetic (it needs "
                                  "compute capability 8.0, an A100 or later); use precision='float32'")
     return chosen
+
+
+def resolve_numerics(numerics: Numerics, paths: GpuPaths | None = None) -> Numerics:
+    """``numerics`` resolved on this machine (``Numerics.resolved``): the device (``resolve_device``), the precision
+    there (``resolve_precision``) and the matmul kinds (``packed.policy_kinds`` on the CPU paths; "plain" on the GPU
+    paths, whose products are the device library's). ``paths``: the GPU paths' settings where the engine takes them
+    (on CUDA always). ConfigurationError where the machine cannot do what the policy asks, naming the setting."""
+    device = resolve_device(None, numerics)
+    if device.type == "cuda":
+        paths = paths or GpuPaths()
+    precision = resolve_precision(None, device, paths, numerics)
+    if paths is None:
+        from rlvr.engine.cpu.packed import policy_kinds  # the CPU kernels load on the CPU paths only
+
+        sampler, trainer = policy_kinds(numerics, precision)
+    else:
+        sampler = trainer = "plain"
+    return dataclasses.replace(numerics, precision=precision, device=str(device), sampler_kind=sampler,
+                               trainer_kind=trainer)
 
 
 def weight_dtype(precision: str, device: torch.device) -> torch.dtype:

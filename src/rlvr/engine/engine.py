@@ -7,6 +7,10 @@ both were submitted before either was awaited, and an adapter switch can never r
 Each base model is loaded once per process and shared: every training client is one LoRA adapter on it, and every
 sampler snapshot is one more frozen adapter (see ``lora.py``).
 
+An engine computes as its numerics policy says (``rlvr.numerics``: precision, matmul kind, attention, heap,
+threads, device), resolved once when it is created and reported as ``Engine.numerics``; while its worker runs a job,
+that policy is the thread's ``rlvr.numerics.active()``, which the kernels below read.
+
 An engine runs on one device (``device.py``: the CPU or one CUDA GPU, ``RLVR_DEVICE``): its models, adapters,
 optimizer state and every tensor of a request live there, and results come back as CPU tensors. This is the one place
 that picks the paths: on CUDA (or on a CPU given ``GpuPaths``) training packs datums into rows (``gpu/packing.py``)
@@ -24,6 +28,7 @@ Not here: the Tinker-shaped client classes (``rlvr.client``), loss formulas (``t
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import itertools
 import logging
@@ -42,8 +47,15 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 from rlvr.engine import checkpoint
-from rlvr.engine.cores import CoreShare, fixed_threads
-from rlvr.engine.device import GpuPaths, attention_implementation, resolve_device, resolve_precision, weight_dtype
+from rlvr.engine.cores import CoreShare
+from rlvr.engine.device import (
+    GpuPaths,
+    attention_implementation,
+    resolve_device,
+    resolve_numerics,
+    resolve_precision,
+    weight_dtype,
+)
 from rlvr.engine.gpu import device_sampler, packing
 from rlvr.engine.gpu.packing import PackedRow
 from rlvr.engine.models.load import canonical_name, load_base_model, rlvr_home
@@ -61,6 +73,7 @@ from rlvr.engine.train.prefix import Cluster, cluster_logprobs, plan
 from rlvr.errors import CheckpointError, ConfigurationError, ContextFullError, InvalidDatumError, SamplingError
 from rlvr.home import make_path
 from rlvr.metrics import reduce_metrics
+from rlvr.numerics import Numerics, activated
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +128,10 @@ class _EngineThread(ThreadPoolExecutor):
     the queued calls whose tickets are lower than its own. (A client dropped right after it submitted a job, as in
     ``create_sampling_client(...).compute_logprobs(...)``, releases its snapshot only once that job has run.)"""
 
-    def __init__(self, share: CoreShare | None) -> None:
+    def __init__(self, share: CoreShare | None, numerics: Numerics) -> None:
         super().__init__(max_workers=1, thread_name_prefix="rlvr-engine")
         self.share = share
+        self.numerics = numerics  # active on this thread while a job runs
         self._tickets = itertools.count()  # next() is one C call: atomic, and takes no lock
         self._later: queue.SimpleQueue = queue.SimpleQueue()  # put() takes no lock a finalizer could hold
         self._waiting: list[tuple[int, Callable, tuple]] = []  # queued calls not yet due (this thread only)
@@ -131,10 +145,11 @@ class _EngineThread(ThreadPoolExecutor):
             return super().submit(self._job, next(self._tickets), fn, *args, **kwargs)
 
     def _job(self, ticket: int, fn: Callable, /, *args, **kwargs):
-        self._run_queued(before=ticket)
-        if self.share is None:
-            return fn(*args, **kwargs)
-        return self.share.run(fn, *args, **kwargs)
+        with activated(self.numerics):
+            self._run_queued(before=ticket)
+            if self.share is None:
+                return fn(*args, **kwargs)
+            return self.share.run(fn, *args, **kwargs)
 
     def _run_queued(self, before: int) -> None:
         while True:
@@ -159,25 +174,34 @@ class Engine:
 
     def __init__(self, max_tokens_per_microbatch: int = 4096, max_sample_rows: int = 128,
                  precision: str | None = None, device: str | torch.device | None = None,
-                 gpu_paths: GpuPaths | None = None) -> None:
-        """``device``: ``device.resolve_device`` (None: ``RLVR_DEVICE``, else a GPU when there is one);
-        ``precision``: ``device.resolve_precision`` (CPU: float32 or bfloat16 base matmuls; CUDA: bfloat16 base
-        weights by default); ``gpu_paths``: the GPU paths' settings (on CUDA, None means the defaults; on a CPU,
-        giving them makes it take those paths)."""
+                 gpu_paths: GpuPaths | None = None, numerics: Numerics | None = None) -> None:
+        """``numerics``: the policy to compute by (``rlvr.numerics``; None: ``Numerics.resolve()``, the
+        environment's), resolved here on this machine (``device.resolve_numerics``) and kept as ``self.numerics``;
+        ``precision`` and ``device``, when given, replace its own: ``device.resolve_device`` (None: a GPU when there
+        is one), ``device.resolve_precision`` (CPU: float32 or bfloat16 base matmuls; CUDA: bfloat16 base weights by
+        default); ``gpu_paths``: the GPU paths' settings (on CUDA, None means the defaults; on a CPU, giving them
+        makes it take those paths)."""
         fix_thread_counts()
-        self.device = resolve_device(device)
+        requested = _requested(numerics, precision, device)
+        self.device = resolve_device(None, requested)
         self.gpu_paths = (gpu_paths or GpuPaths()) if self.device.type == "cuda" else gpu_paths
-        self.precision = resolve_precision(precision, self.device, self.gpu_paths)
         self.max_tokens_per_microbatch = max_tokens_per_microbatch
-        share = (CoreShare(rlvr_home() / "busy", torch.get_num_threads(), fixed_threads())
+        share = (CoreShare(rlvr_home() / "busy", torch.get_num_threads(), requested.threads)
                  if self.device.type == "cpu" else None)
         self._release_free_pages: Callable[[], None] = lambda: None
         if self.gpu_paths is None:  # the CPU paths
             from rlvr.engine.cpu import heap  # their package: the GPU paths never load it
 
-            heap.keep_freed_blocks()  # before the worker thread's first allocation: it then shares the main heap
-            self._release_free_pages = heap.release_free_pages
-        self._executor = _EngineThread(share)
+            heap.keep_freed_blocks(requested.heap)  # before the worker thread's first allocation: it then shares
+            self._release_free_pages = heap.release_free_pages  # the main heap
+        self._executor = _EngineThread(share, requested)
+        try:  # on the worker: the kernels it builds and checks run torch work there, not on the caller's thread
+            self.numerics = self._executor.submit(resolve_numerics, requested, self.gpu_paths).result()
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
+        self._executor.numerics = self.numerics
+        self.precision = self.numerics.precision
         self._samples = SampleQueue(self._executor, self._prompt_logprobs, max_sample_rows, self._sample_batch)
         self._rng_lock = threading.Lock()  # guards each SamplerHandle's rng (callers' threads draw request seeds)
         self._hosts: dict[str, AdapterHost] = {}
@@ -187,28 +211,40 @@ class Engine:
         self._written: set[str] = set()  # sampler paths saved to disk by this engine (a retired snapshot reloads)
 
     @classmethod
-    def default(cls, precision: str | None = None, device: str | torch.device | None = None) -> Engine:
-        """The process-wide engine that ServiceClients share, so each base model is loaded once. ``precision`` and
-        ``device`` (None: ``RLVR_PRECISION``, ``RLVR_DEVICE``, else the device's defaults) are the ones it is
-        created with; asked for again once it exists, they must be the ones it has (a process holds one engine:
+    def default(cls, precision: str | None = None, device: str | torch.device | None = None,
+                numerics: Numerics | None = None) -> Engine:
+        """The process-wide engine that ServiceClients share, so each base model is loaded once. ``numerics`` (None:
+        the environment's), with ``precision`` and ``device`` in place of its own when given, is the policy it is
+        created with; asked for again once it exists, what is set must be what it has (a process holds one engine:
         torch work on two threads of one process runs a third slower)."""
         with cls._default_lock:
             if cls._default is None:
-                cls._default = cls(precision=precision, device=device)
+                cls._default = cls(precision=precision, device=device, numerics=numerics)
                 return cls._default
-            engine = cls._default
-            if device is not None and resolve_device(device) != engine.device:
+            cls._default.check_policy(_requested(numerics, precision, device, environment=False),
+                                      settings=numerics is not None)
+            return cls._default
+
+    def check_policy(self, asked: Numerics, settings: bool = True) -> None:
+        """ConfigurationError unless what ``asked`` sets is this engine's: its device and precision where set (not
+        None), and with ``settings`` its matmul, attention, heap and threads (a process's engine computes one way,
+        fixed when it was created)."""
+        where = "(earlier work in this process created it): run in a fresh process, or set"
+        if asked.device is not None and resolve_device(asked.device) != self.device:
+            raise ConfigurationError(
+                f"device={asked.device!r}, but this process's engine already runs on {self.device} {where} "
+                f"RLVR_DEVICE={asked.device} before anything uses rlvr")
+        if asked.precision is not None and \
+                resolve_precision(asked.precision, self.device, self.gpu_paths) != self.precision:
+            raise ConfigurationError(
+                f"precision={asked.precision!r}, but this process's engine already multiplies in {self.precision} "
+                f"{where} RLVR_PRECISION={asked.precision} before anything uses rlvr")
+        for name in ("matmul", "attention", "heap", "threads") if settings else ():
+            value, own = getattr(asked, name), getattr(self.numerics, name)
+            if value != own:
                 raise ConfigurationError(
-                    f"device={device!r}, but this process's engine already runs on {engine.device} (earlier work "
-                    f"in this process created it): run in a fresh process, or set RLVR_DEVICE={device} before "
-                    "anything uses rlvr")
-            if precision is not None and resolve_precision(precision, engine.device, engine.gpu_paths) != \
-                    engine.precision:
-                raise ConfigurationError(
-                    f"precision={precision!r}, but this process's engine already multiplies in "
-                    f"{engine.precision} (earlier work in this process created it): run in a fresh process, "
-                    f"or set RLVR_PRECISION={precision} before anything uses rlvr")
-            return engine
+                    f"{asked.source(name)}={value!r}, but this process's engine already computes with {name}={own!r} "
+                    f"{where} the same {name} for both")
 
     @classmethod
     def current(cls) -> Engine | None:
@@ -238,7 +274,8 @@ class Engine:
             dtype = weight_dtype(self.precision, self.device)
             attention = attention_implementation(self.device, dtype) if self.device.type == "cuda" else None
             base = load_base_model(name, self.device, dtype, attention)
-            self._hosts[name] = AdapterHost(base, self.precision, self.gpu_paths)
+            with activated(self.numerics):  # its packing follows this engine's policy, whichever thread loads it
+                self._hosts[name] = AdapterHost(base, self.precision, self.gpu_paths)
             self._release_free_pages()  # loading's temporaries (a float32 copy, the packing) go back
         return self._hosts[name]
 
@@ -602,6 +639,18 @@ class Engine:
     @staticmethod
     def _vocab_size(host: AdapterHost) -> int:
         return host.base.model.get_input_embeddings().num_embeddings
+
+
+def _requested(numerics: Numerics | None, precision: str | None, device: str | torch.device | None,
+               environment: bool = True) -> Numerics:
+    """The policy an engine is asked for: ``numerics`` (None: the environment's, ``Numerics.resolve()``, or with
+    ``environment`` False nothing set), with ``precision`` and ``device`` in its place where given."""
+    device = str(device) if isinstance(device, torch.device) else device
+    if numerics is None:
+        return Numerics.resolve(precision=precision, device=device) if environment else \
+            Numerics(precision=precision, device=device)
+    changes = {k: v for k, v in (("precision", precision), ("device", device)) if v is not None}
+    return dataclasses.replace(numerics, **changes) if changes else numerics
 
 
 def _context_len(model: torch.nn.Module) -> int:

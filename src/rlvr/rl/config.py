@@ -21,7 +21,7 @@ import yaml
 
 from rlvr.errors import ConfigurationError
 from rlvr.fileio import write_atomic
-from rlvr.precision import PRECISIONS
+from rlvr.numerics import Numerics
 
 
 @dataclass
@@ -55,7 +55,46 @@ class DistributedConfig:
 
 
 @dataclass
-class LoopConfig:
+class NumericsConfig:
+    """How a run's engine computes (``rlvr.numerics``): each setting, else its environment variable, else the
+    machine's choice. The run folder's ``config.yaml`` records what was resolved (its ``numerics:`` mapping) and a
+    resume must match its precision and matmul kinds."""
+
+    precision: str | None = None
+    """What the frozen base-model matmuls run in, trainer and sampler alike: ``float32`` or ``bfloat16`` (faster
+    where the CPU multiplies bfloat16, e.g. AMX; sampler and trainer then agree to bfloat16 rounding only). None:
+    ``$RLVR_PRECISION``, else for ``rlvr train`` bfloat16 for a model of 300M+ linear weights on a CPU that
+    multiplies bfloat16 in hardware (AMX, AVX512-BF16), else float32. The run folder's config records the precision
+    used; a resume keeps it."""
+    matmul: str | None = None
+    """Kernel of the CPU's frozen base-model products: plain, mkldnn, mkl, fma, bf16x3, bf16x1 or timed (each kind
+    gives a seed its own trajectory; docs/performance.md). None: ``$RLVR_MATMUL``, else the machine's fixed
+    preference."""
+    attention: str | None = None
+    """The CPU sampler's decode attention: auto (the fused kernel where it runs), torch or fused. None:
+    ``$RLVR_ATTENTION``, else auto."""
+    heap: str | None = None
+    """A CPU engine's C heap: reuse (large freed blocks kept for reuse) or system (glibc's defaults). None:
+    ``$RLVR_HEAP``, else reuse."""
+    threads: int | None = None
+    """The engine's fixed thread count (runs repeat bit for bit only at a fixed count). None: ``$RLVR_THREADS``,
+    else shared with the other rlvr processes computing."""
+    accept_numerics: bool = False
+    """Resume even where the numerics resolved now differ from the run's recorded ones in precision or matmul kinds
+    (its arithmetic then changes half-way); the new ones are recorded."""
+
+    def __post_init__(self) -> None:
+        self.requested_numerics(environment={})  # the names, before any work (the environment's: at the start)
+
+    def requested_numerics(self, environment: dict[str, str] | None = None) -> Numerics:
+        """The policy these settings ask for, unset ones from ``environment`` (default ``os.environ``); the engine
+        resolves the rest (``rlvr.client.resolve_numerics``)."""
+        return Numerics.resolve(precision=self.precision, matmul=self.matmul, attention=self.attention,
+                                heap=self.heap, threads=self.threads, environ=environment)
+
+
+@dataclass
+class LoopConfig(NumericsConfig):
     """Settings of the synchronous loop."""
 
     # Model
@@ -65,12 +104,6 @@ class LoopConfig:
     """LoRA rank."""
     start_from_checkpoint: str | None = None
     """Start from these saved weights (a state path, e.g. from ``rlvr sft``) with a fresh optimizer."""
-    precision: str | None = None
-    """What the frozen base-model matmuls run in, trainer and sampler alike: ``float32`` or ``bfloat16`` (faster
-    where the CPU multiplies bfloat16, e.g. AMX; sampler and trainer then agree to bfloat16 rounding only). None:
-    ``$RLVR_PRECISION``, else bfloat16 for a model of 300M+ linear weights on a CPU that multiplies bfloat16 in
-    hardware (AMX, AVX512-BF16), else float32. The run folder's config records the precision used; a resume keeps
-    it."""
     # Batch
     steps: int = 20
     """Training steps in all (a resumed run continues up to this)."""
@@ -144,6 +177,7 @@ class LoopConfig:
     """Run folder: config, metrics.jsonl, checkpoints.jsonl, curves.png."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.distributed, dict):
             self.distributed = DistributedConfig(**self.distributed)
         for name in ("steps", "problems_per_step", "rank", "max_tokens", "max_turns", "eval_problems"):
@@ -154,9 +188,6 @@ class LoopConfig:
                                      "checkpoint; N keeps the last N and the final one)")
         if self.num_substeps < 1:
             raise ConfigurationError(f"num_substeps={self.num_substeps}: must be >= 1")
-        if self.precision not in (None, *PRECISIONS):
-            raise ConfigurationError(f"precision={self.precision!r}: choose one of {list(PRECISIONS)} (or leave it "
-                                     "unset: $RLVR_PRECISION, else float32)")
         if self.max_steps_off_policy < 0:
             raise ConfigurationError(f"max_steps_off_policy={self.max_steps_off_policy}: must be >= 0 "
                                      "(0 = synchronous)")
@@ -178,12 +209,6 @@ class LoopConfig:
 
 
 def save_config(config: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (atomically: temp file + rename)."""
-    path = Path(path)
-    write_atomic(path, yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
-
-
-def recorded_precision(run_dir: str | Path) -> str | None:
-    """The precision a run folder's ``config.yaml`` records (None: no config yet, or one from before it was)."""
-    path = Path(run_dir) / "config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}).get("precision") if path.exists() else None
+    """Write a config (a dataclass) as a YAML file, atomically (temp file + rename): one ``--config`` reads back. A
+    run folder's ``config.yaml`` is its run record's to write (``run_record.RunRecord.write_config``)."""
+    write_atomic(Path(path), yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))

@@ -35,13 +35,14 @@ from typing import Any
 from tinker.lib.public_interfaces.api_future import APIFuture
 
 from rlvr import types
-from rlvr.client import ServiceClient, run_precision
+from rlvr.client import ServiceClient, resolve_numerics, run_precision
 from rlvr.errors import ConfigurationError, RunInterrupted, SamplingError
 from rlvr.metrics import reduce_metrics
+from rlvr.numerics import Numerics, check_resume
 from rlvr.rewards import RewardRunner
 from rlvr.rl.advantages import group_advantages, group_outcomes, is_constant
 from rlvr.rl.auxiliary import AuxiliaryOutputs
-from rlvr.rl.config import LoopConfig, recorded_precision
+from rlvr.rl.config import LoopConfig
 from rlvr.rl.datums import apply_kl_penalty, loss_fn_inputs, sample_train_metrics
 from rlvr.rl.envs import RLDataset, trajectory_datums
 from rlvr.rl.problems import as_dataset
@@ -91,6 +92,8 @@ class LoopRun:
     stop: StopRequest = field(default_factory=StopRequest)
     """Asked for by a signal: the loop checkpoints where the step in flight ends and raises RunInterrupted."""
     show_evaluation: ShowEvaluation | None = None
+    numerics: Numerics | None = None
+    """The numerics policy the run computes by, resolved (``rlvr.numerics``): in config.yaml and each checkpoint."""
 
 
 @dataclass
@@ -141,9 +144,9 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     run_dir.mkdir(parents=True, exist_ok=True)
     auxiliary = AuxiliaryOutputs()  # rollout pages, curves, tracker backends, pruning: failures counted, not raised
     record = RunRecord(run_dir, auxiliary)
-    precision = _precision(config, run_dir)
+    numerics = run_numerics(config, record)
     with stop.abandonable():  # starting Ray and its actors: nothing to keep yet
-        service, runner = _backend(config, dataset, precision)
+        service, runner = _backend(config, dataset, numerics)
     stop.reclaim_signals()  # ray.init takes SIGTERM for itself
     start_step, rng = 0, random.Random(config.seed)
     resumed = record.resume_point("rl", config.steps) if config.resume else None
@@ -155,8 +158,8 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
     if resumed is not None:
         start_step = resumed.step
         rng.setstate(resumed.random_state())
-    record.write_config(dataclasses.replace(config, resume=False, precision=precision), "rl",  # now in force
-                        numerics={"precision": precision})
+    record.write_config(dataclasses.replace(config, resume=False, accept_numerics=False, precision=numerics.precision),
+                        "rl", numerics=numerics.as_record())  # the settings now in force, and the numerics resolved
     tokenizer = training_client.get_tokenizer()
     with contextlib.ExitStack() as stack:
         # Ray: the actors of a stopped or failed run end with it; a finished run's stay up for the client it returns
@@ -175,7 +178,7 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
         yield LoopRun(config, run_dir, service, training_client, rollouts, tracker, auxiliary,
                       rollout_log, record, rng, start_step,
                       types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress,
-                      stop, show_evaluation)
+                      stop, show_evaluation, numerics)
 
 
 def _close_on_error(close: Callable[[], None]) -> Callable[..., bool]:
@@ -372,32 +375,41 @@ def _after_first(logprobs: list[float | None]) -> list[float]:
 # -- setup helpers -----------------------------------------------------------------------------------------------
 
 
-def _precision(config: LoopConfig, run_dir: Path) -> str:
-    """What the run's frozen matmuls run in (recorded in its config.yaml): ``config.precision``, else on a resume
-    the precision the run recorded, else ``$RLVR_PRECISION``, else the model's default on this machine
-    (``rlvr.client.run_precision``). Resuming in another precision than the
-    run's would change its arithmetic half-way: an error."""
-    recorded = recorded_precision(run_dir) if config.resume else None
+def _requested_numerics(config: LoopConfig, record: RunRecord) -> Numerics:
+    """The numerics policy the run asks for (``config.requested_numerics``: the config, else the environment), its
+    precision ``config.precision``, else on a resume the precision the run recorded, else ``$RLVR_PRECISION``, else
+    the model's default on this machine (``rlvr.client.run_precision``). The engine resolves the rest
+    (``rlvr.client.resolve_numerics``); a resume must then match what the run recorded
+    (``rlvr.numerics.check_resume``)."""
+    recorded = (record.numerics or {}).get("precision") if config.resume else None
     precision = run_precision(config.precision or recorded, config.base_model)
-    if recorded and precision != recorded:
-        raise ConfigurationError(f"{run_dir} trained with precision={recorded}; resuming it with precision="
-                                 f"{precision} would change its arithmetic half-way: set precision={recorded} (or "
-                                 "start a new run)")
-    return precision
+    return dataclasses.replace(config.requested_numerics(), precision=precision)
 
 
-def _backend(config: LoopConfig, dataset: RLDataset, precision: str) -> tuple[ServiceAPI, RewardScorer | None]:
+def run_numerics(config: LoopConfig, record: RunRecord) -> Numerics:
+    """The numerics policy the run computes by (``_requested_numerics``), resolved on this machine (the process's
+    engine's; for Ray, as an engine here would), and on a resume checked against what the run recorded: a
+    ConfigurationError naming both where they differ in precision or matmul kinds, unless ``accept_numerics``."""
+    requested = _requested_numerics(config, record)
+    if config.distributed.backend == "ray" and config.distributed.sampler == "vllm":  # before anything starts
+        check_vllm_arithmetic(config, requested.precision or "float32")
+    numerics = resolve_numerics(requested, local=config.distributed.backend != "ray")
+    check_resume(record.numerics if config.resume else None, numerics, record.run_dir, config.accept_numerics)
+    return numerics
+
+
+def _backend(config: LoopConfig, dataset: RLDataset, numerics: Numerics) -> tuple[ServiceAPI, RewardScorer | None]:
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (no runner
-    for a dataset whose envs score themselves). Their engines multiply in ``precision``."""
+    for a dataset whose envs score themselves). Their engines compute by ``numerics``, the run's resolved policy (Ray
+    actors take its settings and precision and resolve the rest on their machines)."""
     reward = dataset.play.reward
+    precision = numerics.precision or "float32"
     if config.distributed.backend == "ray":
         from rlvr.distributed import ray_backend
 
-        if config.distributed.sampler == "vllm":
-            check_vllm_arithmetic(config, precision)
         return ray_backend(config.distributed, reward, timeout=config.reward_timeout, seed=config.seed,
-                           precision=precision)
-    return (ServiceClient(precision=precision),
+                           numerics=dataclasses.replace(config.requested_numerics(), precision=precision))
+    return (ServiceClient(numerics=numerics),
             None if reward is None else RewardRunner(reward, timeout=config.reward_timeout))
 
 

@@ -273,3 +273,8 @@ class RunRecord:
     def write_summary(self, summary: dict[str, Any]) -> None:
         """Write ``summary.json`` atomically."""
         write_atomic(self.run_dir / SUMMARY, json.dumps(summary, indent=2))
+
+
+def recorded_precision(run_dir: str | Path) -> str | None:
+    """The precision a run folder records (None: no config yet, or one from before it was)."""
+    return (RunRecord(run_dir).numerics or {}).get("precision")

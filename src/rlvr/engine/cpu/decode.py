@@ -44,6 +44,7 @@ from rlvr.engine.cpu.packed import (
     packed_linear,
     packs_fit,
 )
+from rlvr.numerics import active
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")  # the Llama family this step runs
 COMPACT_FRACTION = 0.25  # compact the buffers once this fraction of their rows has finished
@@ -333,7 +334,8 @@ class LlamaDecoder:
         self.slots = torch.empty(0, dtype=torch.long)  # (R,) the buffer slot of each live row
         # The fused attention kernel where it runs here (``fused_attention``; None: PyTorch's ops). With it, keys
         # (prompt and generated) are stored in its blocked layout, (..., ceil(columns / 16), D, 16).
-        self.fused = (fused_attention.kernel()
+        policy = active()  # the engine's numerics: its attention setting
+        self.fused = (fused_attention.kernel(policy.attention, policy.source("attention"))
                       if fused_attention.supports(self.num_heads // self.num_kv_heads, self.head_dim) else None)
         self.scratch = torch.empty(0)  # the kernel's attention weights, S * H * (P + capacity) floats
         self.cos: torch.Tensor | None = None  # (positions, D): the rotary embedding of each position (``_rotary``)

@@ -14,10 +14,10 @@ rests on that. Heads of any multiple of 8 floats, with up to ``MAX_QUERY_HEADS``
 
 It needs an x86-64 CPU with AVX-512, or AVX2 with FMA (the same kernel at half the vector width), and a C compiler
 (``$CC``, else ``cc``): ``native`` builds it for this CPU into ``$RLVR_HOME/kernels/`` (a fraction of a second,
-once per machine and source); it runs on torch's own OpenMP threads. Without them, or with
-``RLVR_ATTENTION=torch``, the decoder uses the PyTorch ops; ``RLVR_ATTENTION=fused`` makes an unavailable kernel
-an error instead. A freshly loaded library is checked against PyTorch on a small case before any use, so a
-miscompiled kernel is never used silently.
+once per machine and source); it runs on torch's own OpenMP threads. Without them, or where the numerics policy says
+``attention=torch`` (``rlvr.numerics``: the ``attention`` config key or ``RLVR_ATTENTION``), the decoder uses the
+PyTorch ops; ``attention=fused`` makes an unavailable kernel an error instead. A freshly loaded library is checked
+against PyTorch on a small case before any use, so a miscompiled kernel is never used silently.
 
 Not here: the decode step around it (``decode.py``).
 """
@@ -27,13 +27,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
 
 from rlvr.engine.cpu import native
 from rlvr.errors import ConfigurationError
+from rlvr.numerics import active
 
 SOURCE = "decode_attention.c"
 BLOCK = 16  # key positions per block of the key cache
@@ -91,12 +91,12 @@ def bind(library: Path):
 
 
 @functools.cache
-def kernel():
-    """The loaded kernel, or None where it cannot run here (the reason is logged once). ``RLVR_ATTENTION``: unset
-    or ``auto`` uses it when it builds, ``torch`` never, ``fused`` always (an error when it cannot)."""
-    choice = os.environ.get("RLVR_ATTENTION", "auto")
-    if choice not in ("auto", "torch", "fused"):
-        raise ConfigurationError(f"RLVR_ATTENTION={choice!r}: choose auto, torch or fused")
+def kernel(choice: str | None = None, source: str = "attention"):
+    """The loaded kernel, or None where it cannot run here (the reason is logged once). ``choice``, the policy's
+    ``attention`` (None: ``rlvr.numerics.active()``'s), set by ``source`` (a config key or variable, for errors):
+    ``auto`` uses it when it builds, ``torch`` never, ``fused`` always (an error when it cannot). Cached per choice."""
+    if choice is None:
+        choice, source = active().attention, active().source("attention")
     if choice == "torch":
         return None
     try:
@@ -104,8 +104,8 @@ def kernel():
         self_check(function)
     except (RuntimeError, OSError) as error:
         if choice == "fused":
-            raise ConfigurationError(f"RLVR_ATTENTION=fused, but the fused attention kernel cannot run here: {error}; "
-                                     "unset RLVR_ATTENTION to use the PyTorch ops") from error
+            raise ConfigurationError(f"{source}=fused, but the fused attention kernel cannot run here: {error}; "
+                                     f"unset {source} to use the PyTorch ops") from error
         logger.info("fused decode attention unavailable (%s); the sampler uses PyTorch's ops", error)
         return None
     return function

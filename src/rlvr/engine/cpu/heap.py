@@ -14,7 +14,8 @@ by the next one that fits. ``release_free_pages`` (after loading a model and aft
 holds what is live, not its high-water mark. What it costs: during a call the heap also holds the holes between live
 blocks, so the peak grows (what it bought and cost, measured: ``docs/performance.md``, "The C heap").
 
-``RLVR_HEAP=system`` keeps glibc's defaults. On a C library other than glibc (macOS, musl) nothing changes.
+The numerics policy's ``heap=system`` (``rlvr.numerics``: the ``heap`` config key or ``RLVR_HEAP``) keeps glibc's
+defaults. On a C library other than glibc (macOS, musl) nothing changes.
 
 Not here: the engine's threads (``cores.py``), torch's own allocator (a CPU tensor's memory comes from ``malloc``).
 """
@@ -24,9 +25,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import platform
 import threading
+
+from rlvr.numerics import active
 
 logger = logging.getLogger(__name__)
 
@@ -48,20 +50,16 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
-def keep_freed_blocks() -> bool:
+def keep_freed_blocks(setting: str | None = None) -> bool:
     """Make this process's ``malloc`` reuse large freed blocks (the module docstring); True where it does (glibc,
-    and ``RLVR_HEAP`` is not ``system``). Threads started before the first call keep the arenas they have. Idempotent.
+    and ``setting``, the policy's ``heap``, is not ``system``; None: ``rlvr.numerics.active()``'s). Threads started
+    before the first call keep the arenas they have. Idempotent.
     """
     global _libc
     with _lock:
         if _libc is not None:
             return True
-        setting = os.environ.get("RLVR_HEAP", "")
-        if setting not in ("", "reuse", "system"):
-            from rlvr.errors import ConfigurationError
-
-            raise ConfigurationError(f"RLVR_HEAP={setting!r}: use 'reuse' (the default: large freed blocks reused) "
-                                     "or 'system' (glibc's defaults), or unset it")
+        setting = setting or active().heap
         libc = _glibc() if setting != "system" else None
         if libc is None:
             return False

@@ -8,17 +8,19 @@ layout a kernel reads fastest. The kernels ("kinds") this module packs for and c
 - ``bf16x3``: rlvr's AMX kernel (``amx_linear``), each float32 product as three bfloat16 products (where there is AMX);
 - ``fma``: rlvr's float32 kernel for a few dozen rows (``fma_linear``), AVX2 and FMA, any row count;
 - ``bf16``: oneDNN's bfloat16 kernel, only when ``precision="bfloat16"`` is asked for;
-- ``bf16x1``: rlvr's AMX kernel as one bfloat16 product summed in float32, with bfloat16 and ``RLVR_MATMUL=bf16x1``.
+- ``bf16x1``: rlvr's AMX kernel as one bfloat16 product summed in float32, with bfloat16 and ``matmul=bf16x1``.
 
 Invariants: the kind a use gets (``fastest_kind``) is a fixed preference, not a timing, so every process of a machine
-(two runs of one seed, a resume, a Ray replica and the driver) rounds alike; ``RLVR_MATMUL`` fixes it or asks for
-``timed``, and each kind gives a seed its own trajectory. Two users: the sampler's decode steps (``decode.py`` packs its
-fused projections) and the trainer (``pack_frozen_linears``: a packed weight and its packed transpose for every frozen
-``nn.Linear``; never MKL's, the FMA or the AMX kernel's float32 form). In bfloat16 both users multiply on one kernel
-(``bfloat16_kind``), so they compute a token's logprob alike. A model is packed only where its copies fit in
-``PACK_MEMORY_FRACTION`` of the machine's memory (``packs_fit``), the same answer in every process of a machine.
+(two runs of one seed, a resume, a Ray replica and the driver) rounds alike; the numerics policy's ``matmul``
+(``rlvr.numerics``: the ``matmul`` key or ``RLVR_MATMUL``) fixes it or asks for ``timed``, and each kind gives a seed
+its own trajectory (``policy_kinds`` names the pair a policy gives, which a run records). Two users: the sampler's
+decode steps (``decode.py`` packs its fused projections) and the trainer (``pack_frozen_linears``: a packed weight and
+its packed transpose for every frozen ``nn.Linear``; never MKL's, the FMA or the AMX kernel's float32 form). In bfloat16
+both users multiply on one kernel (``bfloat16_kind``), so they compute a token's logprob alike. A model is packed only
+where its copies fit in ``PACK_MEMORY_FRACTION`` of the machine's memory (``packs_fit``), the same answer in every
+process of a machine.
 
-Precision (``rlvr.precision.base_precision``; ``supported_precision`` checks this CPU): float32 by default;
+Precision (``rlvr.numerics.base_precision``; ``supported_precision`` checks this CPU): float32 by default;
 ``precision="bfloat16"`` runs every frozen base matmul on ``bfloat16_kind``'s kernel, and the sampler and the trainer
 then agree only to bfloat16 rounding. What each kind measured: ``docs/performance.md`` ("Prepacked matmuls"). Not
 here: which weights are fused (``decode.py``), LoRA (``lora.py``), the AMX kernel itself (``amx_linear.py``).
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 
 from rlvr.engine.cpu import amx_linear, fma_linear
 from rlvr.errors import ConfigurationError
-from rlvr.precision import base_precision
+from rlvr.numerics import Numerics, active, base_precision
 
 PACK_MEMORY_FRACTION = 0.25  # of the machine's memory, for the packs of one use (sampler or trainer) of one model
 _CHOSEN: dict[str, str] = {}  # what each use picked, timed once per process
@@ -55,7 +57,7 @@ def packs_fit(nbytes: int) -> bool:
 
 
 def supported_precision(precision: str | None = None) -> str:
-    """``rlvr.precision.base_precision``'s choice, refused where this machine cannot multiply in it (bfloat16 needs
+    """``rlvr.numerics.base_precision``'s choice, refused where this machine cannot multiply in it (bfloat16 needs
     oneDNN's bfloat16 matmul): what an engine is created with."""
     chosen = base_precision(precision)
     if chosen == "bfloat16" and not bfloat16_supported():
@@ -81,16 +83,19 @@ BFLOAT16_KINDS = ("bf16", "bf16x1")  # the kinds of a bfloat16 model's frozen pr
 AMX_KINDS = ("bf16x3", "bf16x1")  # the kinds multiplied by rlvr's AMX kernel (``amx_linear``)
 
 
-def bfloat16_kind() -> str:
+def bfloat16_kind(numerics: Numerics | None = None) -> str:
     """The kernel a bfloat16 model's frozen products take, in the trainer's forward and the sampler alike: oneDNN's
-    bfloat16 kernel ("bf16"), or with ``RLVR_MATMUL=bf16x1`` the AMX kernel's one-product form ("bf16x1": the
-    sampler's logprobs ~3x nearer the trainer's and its decode ~1.25x faster, the trainer's forward slower and the
-    heap's peak larger; docs/performance.md). The same answer in every process of a machine, so they round alike."""
-    if os.environ.get("RLVR_MATMUL", "") != "bf16x1":
+    bfloat16 kernel ("bf16"), or where the policy (``numerics``, default ``rlvr.numerics.active()``) asks for
+    ``matmul=bf16x1`` the AMX kernel's one-product form ("bf16x1": the sampler's logprobs ~3x nearer the trainer's
+    and its decode ~1.25x faster, the trainer's forward slower and the heap's peak larger; docs/performance.md). The
+    same answer in every process of a machine, so they round alike."""
+    policy = numerics or active()
+    if policy.matmul != "bf16x1":
         return "bf16"
     if "bf16x3" not in pack_kinds() or amx_linear.kernel() is None:
-        raise ConfigurationError("RLVR_MATMUL=bf16x1 needs rlvr's AMX kernel, which this machine lacks or which failed "
-                                 "to build or to pass its check (the log says why); unset RLVR_MATMUL")
+        source = policy.source("matmul")
+        raise ConfigurationError(f"{source}=bf16x1 needs rlvr's AMX kernel, which this machine lacks or which failed "
+                                 f"to build or to pass its check (the log says why); unset {source}")
     return "bf16x1"
 
 
@@ -144,28 +149,31 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, kind: str, shape: torch
     return torch.ops.mkl._mkl_linear(x, packed, shape, bias, rows)
 
 
-def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None) -> str:
+def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | None = None,
+                 numerics: Numerics | None = None) -> str:
     """The kernel ``use`` multiplies ``rows`` rows by ``weight`` with, among ``kinds`` (default: all this machine
     has), "" for a plain ``F.linear``: the fixed preference of the module docstring (the AMX kernel, else the FMA
-    kernel, else oneDNN's, else plain); ``RLVR_MATMUL`` overrides (a kind this machine has but ``use`` does not
-    take means a plain ``F.linear`` there; ``timed``: the fastest, timed on the first call for ``use``, the AMX
-    kernel where it runs). The same answer for the rest of the process."""
+    kernel, else oneDNN's, else plain); the policy's ``matmul`` (``numerics``, default ``rlvr.numerics.active()``)
+    overrides (a kind this machine has but ``use`` does not take means a plain ``F.linear`` there; ``timed``: the
+    fastest, timed on the first call for ``use``, the AMX kernel where it runs). The same answer for the rest of the
+    process."""
     machine = pack_kinds()
     available = [k for k in (machine if kinds is None else kinds) if k in machine
                  and (k != "bf16x3" or amx_linear.kernel() is not None)  # built and checked now, on first use
                  and (k != "fma" or fma_linear.kernel() is not None)]
-    asked = os.environ.get("RLVR_MATMUL", "")
+    policy = numerics or active()
+    asked, source = policy.matmul or "", policy.source("matmul")
     forced = "bf16x3" if asked == "bf16x1" else asked  # float32 products on the AMX kernel; bfloat16_kind: the rest
     if forced and forced != "timed":
         if forced != "plain" and forced not in machine:
-            raise ConfigurationError(f"RLVR_MATMUL={asked!r}: choose plain or one of {machine} (what this "
+            raise ConfigurationError(f"{source}={asked!r}: choose plain or one of {machine} (what this "
                                      "machine has), or timed, or unset it for the fixed preference")
         if forced == "bf16x3" and "bf16x3" not in available and (kinds is None or "bf16x3" in kinds):
-            raise ConfigurationError(f"RLVR_MATMUL={asked}, but the AMX kernel failed to build or to pass its check "
-                                     "here (the log says why); unset RLVR_MATMUL to choose another kernel")
+            raise ConfigurationError(f"{source}={asked}, but the AMX kernel failed to build or to pass its check "
+                                     f"here (the log says why); unset {source} to choose another kernel")
         if forced == "fma" and "fma" not in available and (kinds is None or "fma" in kinds):
-            raise ConfigurationError("RLVR_MATMUL=fma, but the FMA kernel failed to build or to pass its check here "
-                                     "(the log says why); unset RLVR_MATMUL to choose another kernel")
+            raise ConfigurationError(f"{source}=fma, but the FMA kernel failed to build or to pass its check here "
+                                     f"(the log says why); unset {source} to choose another kernel")
         return forced if forced in available else ""
     if use not in _CHOSEN and "bf16x3" in available:  # not timed: see the module docstring
         _CHOSEN[use] = "bf16x3"
@@ -198,8 +206,25 @@ def fastest_kind(use: str, weight: torch.Tensor, rows: int, kinds: list[str] | N
 
 def chosen_kind(use: str) -> str | None:
     """What ``fastest_kind`` chose for ``use`` in this process ("" for a plain ``F.linear``), None before it has or
-    where ``RLVR_MATMUL`` chose."""
+    where the policy's ``matmul`` chose."""
     return _CHOSEN.get(use)
+
+
+def policy_kinds(numerics: Numerics, precision: str) -> tuple[str, str]:
+    """The kernels ``numerics`` gives a model whose packs fit (``packs_fit``) in ``precision``: (the sampler's decode
+    products, the trainer's forward products), each a kind or "plain" (a plain ``F.linear``), or "timed" for both
+    where the policy times them (which kernel wins then varies with the process). Asks ``fastest_kind`` and
+    ``bfloat16_kind`` themselves, so the names are the ones the engine runs; builds and checks the kernels the
+    preference needs (once per process). ConfigurationError where the policy asks for a kernel this machine lacks."""
+    if precision == "bfloat16":
+        kind = bfloat16_kind(numerics)
+        return kind, kind
+    if numerics.matmul == "timed":
+        return "timed", "timed"
+    probe = torch.empty(1, 1)  # not read: only "timed" times on the weight
+    sampler = fastest_kind("decode", probe, 1, numerics=numerics)
+    trainer = fastest_kind("train", probe, TRAIN_ROWS, kinds=["mkldnn"], numerics=numerics)
+    return sampler or "plain", trainer or "plain"
 
 
 class _FrozenLinear(torch.autograd.Function):
@@ -254,7 +279,7 @@ def model_kind(model: torch.nn.Module) -> str:
 def pack_frozen_linears(model: torch.nn.Module, precision: str = "float32") -> int:
     """Run every frozen float32 ``nn.Linear`` of ``model`` on packed weights (forward and input gradient): in
     bfloat16 when ``precision`` is (see ``base_precision``), else on oneDNN's float32 pack when that is faster here than
-    ``F.linear`` (or ``RLVR_MATMUL=mkldnn`` asks for it); returns how many were packed. The packs are two more
+    ``F.linear`` (or ``matmul=mkldnn`` asks for it); returns how many were packed. The packs are two more
     copies of the weights, so float32 models whose copies do not fit (``packs_fit``) are left alone."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad
                and m.weight.dtype == torch.float32]
