@@ -398,6 +398,11 @@ def run_numerics(config: LoopConfig, record: RunRecord) -> Numerics:
     return numerics
 
 
+def _precision(config: LoopConfig, run_dir: Path) -> str:
+    """What the run's frozen matmuls run in (``_requested_numerics``), recorded in its config.yaml."""
+    return _requested_numerics(config, RunRecord(run_dir)).precision  # type: ignore[return-value]  # a str here
+
+
 def _backend(config: LoopConfig, dataset: RLDataset, numerics: Numerics) -> tuple[ServiceAPI, RewardScorer | None]:
     """The service client and the reward runner the loop drives: in-process, or proxies to Ray actors (no runner
     for a dataset whose envs score themselves). Their engines compute by ``numerics``, the run's resolved policy (Ray
