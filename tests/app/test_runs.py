@@ -92,3 +92,18 @@ def test_a_run_stopped_or_failed_before_its_first_step_says_so(here, monkeypatch
     stopped = rows[str((here / "stopped").resolve())]
     assert stopped[:6] == ["arithmetic", "interrupted before its first step", "0/1", "-", "-", "-"]
     assert rows[str((here / "failed").resolve())][:3] == ["arithmetic", "failed before its first step", "0/1"]
+
+
+def test_the_task_column_comes_from_the_run_record(here):
+    """A loop-only run (no recipe) is ``loop``, not guessed as sft; an sft run is ``sft``, recorded or (a folder from
+    before the kind was recorded) guessed; a folder whose recorded kind was edited by hand is ``?``."""
+    from rlvr.app.runs import describe_run
+
+    runs = {name: here / "runs" / name for name in ("loop", "sft", "old-sft", "edited")}
+    configs = {"loop": "kind: rl\ngroup_size: 4\n", "sft": "kind: sft\ndata: pairs.jsonl\n",
+               "old-sft": "data: pairs.jsonl\nbatch_size: 2\n", "edited": "kind: dpo\n"}
+    for name, folder in runs.items():
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text(configs[name])
+    assert {name: describe_run(folder).kind for name, folder in runs.items()} == {
+        "loop": "loop", "sft": "sft", "old-sft": "sft", "edited": "?"}

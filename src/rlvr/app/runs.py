@@ -20,10 +20,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from rlvr.errors import RunFileError
 from rlvr.fileio import read_jsonl
 from rlvr.home import RUN_FILES, indexed_runs
 from rlvr.rl.checkpoints import disk_use
+from rlvr.rl.run_record import RunRecord
 
 RUNS = Path("runs")
 """Where ``rlvr train`` puts run folders by default, relative to the current folder."""
@@ -40,7 +43,7 @@ class RunInfo:
     ``unknown``; with where it stopped when it ended before its first step (``interrupted before its first
     step``)."""
     kind: str
-    """The recipe of an ``rlvr train`` run, ``sft`` for an ``rlvr sft`` run."""
+    """The recipe of an ``rlvr train`` run, ``sft`` for an ``rlvr sft`` run, ``loop`` for the loop library's."""
     steps_done: int
     steps: int | None
     best_reward: float | None
@@ -92,7 +95,7 @@ def describe_run(path: Path) -> RunInfo:
     if status in ENDED and steps_done == 0:
         status = f"{status} {_before_first_step(path, config)}"
     summary = _read_json(path / "summary.json")
-    return RunInfo(path=str(path), status=status, kind=str(config.get("recipe", "sft" if config else "?")),
+    return RunInfo(path=str(path), status=status, kind=_kind(path, config),
                    steps_done=steps_done, steps=steps,
                    best_reward=max(rewards) if rewards else None,
                    baseline_accuracy=summary.get("baseline", {}).get("test/correct"),
@@ -157,3 +160,16 @@ def _alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _kind(path: Path, config: dict[str, Any]) -> str:
+    """The task column: an ``rlvr train`` run's recipe, ``sft`` for an ``rlvr sft`` run, ``loop`` for a run of the
+    loop library alone (its run record says which), ``?`` for a folder without a readable config."""
+    if not config:
+        return "?"
+    if "recipe" in config:
+        return str(config["recipe"])
+    try:
+        return "sft" if RunRecord(path).kind == "sft" else "loop"
+    except RunFileError:
+        return "?"
