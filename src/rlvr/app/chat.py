@@ -67,7 +67,10 @@ def open_run_model(run: str | Path, checkpoint: str | None = None) -> RunModel:
         except CheckpointNotFoundError:
             raise CheckpointNotFoundError(f"--checkpoint {checkpoint!r} is neither one of {run}'s checkpoints (see "
                                           f"its checkpoints/weights/) nor a checkpoint path or folder") from None
-    service = ServiceClient(precision=config.get("precision"))  # the run's recorded arithmetic
+    from rlvr.numerics import ENVIRONMENT, Numerics
+
+    # the run's own numerics settings (its config.yaml's; unset ones from the environment), as it trained
+    service = ServiceClient(numerics=Numerics.resolve(**{name: config.get(name) for name in ENVIRONMENT}))
     training_client = service.create_training_client_from_state(path)
     return RunModel(path, training_client.save_weights_and_get_sampling_client(), training_client.get_tokenizer(),
                     int(config.get("max_tokens") or DEFAULT_MAX_TOKENS), float(config.get("temperature", 1.0)))

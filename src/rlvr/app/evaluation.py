@@ -83,7 +83,7 @@ def evaluate(config: Any, checkpoint: str | Path | None = None, *, num_samples: 
         if len(chosen) < asked:
             _warn(console, f"warning: {asked} problems asked, but the {source.eval_split()!r} split holds "
                            f"{len(chosen)}: evaluating {len(chosen)}")
-    service = ServiceClient(precision=config.precision)  # a run's recorded precision
+    service = ServiceClient(numerics=config.requested_numerics())  # a run's numerics settings, as it trained
     if checkpoint is None:
         sampler = service.create_sampling_client(base_model=config.base_model)
         tokenizer = sampler.get_tokenizer()
