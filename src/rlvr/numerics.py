@@ -18,12 +18,10 @@ variable, else left to the machine (``None``, or the default named below):
 and ``device`` (``RLVR_DEVICE``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``; checked by ``rlvr.engine.device``).
 
 An engine resolves the rest on its machine (``rlvr.engine.device.resolve_numerics``): the concrete precision and
-device, and the matmul kinds: ``sampler_kind``, the kernel of the sampler's frozen products, and ``trainer_kind``,
-that of the trainer's forward products (float32: ``bf16x3``, ``fma``, ``mkldnn``, ``mkl`` or ``plain`` for the
-sampler and ``mkldnn`` or ``plain`` for the trainer, or ``timed`` for both; bfloat16: ``bf16`` or ``bf16x1`` for
-both; the GPU paths: ``plain``). Those are what a model whose packs fit gets (``packed.packs_fit``); each pair gives
-a seed its own trajectory, so a resume compares them, and the precision, with what the run recorded
-(``check_resume``). The attention, heap, threads and device are recorded but not compared.
+device, and the matmul kinds ``sampler_kind`` and ``trainer_kind``, the kernels of the sampler's and the trainer's
+frozen products (``rlvr.engine.cpu.packed``; the GPU paths: ``plain``). Each pair gives a seed its own trajectory, so
+a resume compares them and the precision with what the run recorded (``check_resume``); the attention, heap,
+threads and device are recorded but not compared.
 
 This module is the only reader of those environment variables; everything below it takes the policy of the engine
 it works for (``active``). Torch-free: the run's config and the loop read it without loading the engine.

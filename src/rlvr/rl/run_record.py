@@ -7,8 +7,7 @@ and ``rlvr sft`` alike.
     client = record.open_client(service, resumed, base_model=..., rank=..., seed=...)
     record.save(client, "rl", step=3, final=False, keep=2, rng=rng)       # state, entry, pruning in one call
 
-What a run folder holds, and who writes it here:
-
+What a run folder holds:
 - ``config.yaml``: the resolved settings, plus ``kind`` (``rl`` or ``sft``: what ``rlvr resume`` continues) and
   ``numerics`` (what the run computes in; recorded in every checkpoint entry too). Folders written before these keys
   existed still read: the kind is guessed as it was (a config without ``recipe`` is an sft run), the numerics taken
@@ -22,11 +21,9 @@ What a run folder holds, and who writes it here:
 - ``summary.json``: the held-out evaluations of the run's stages (``baseline``, ``after_warmup``, ``after``).
 
 Invariants: an entry is recorded only after its state is complete; a resume starts from the newest entry of its
-kind, with the state, the optimizer and (for the loop) the RNG it had; every entry of a kind goes through
-:meth:`RunRecord.save`, which prunes that kind's states.
-
-Not here: ``status.json`` and the clean stop around a run (``rlvr.app.status``), the loop's rows and rollout pages
-(``tracking.py``, ``rollout_log.py``), what a state holds (``rlvr.engine.checkpoint``).
+kind, with the state, the optimizer and (for the loop) the RNG it had; every entry goes through :meth:`RunRecord.save`,
+which prunes that kind's states. Not here: ``status.json`` and the clean stop (``rlvr.app.status``), the loop's rows
+and rollout pages (``tracking.py``, ``rollout_log.py``), what a state holds (``rlvr.engine.checkpoint``).
 """
 
 from __future__ import annotations
