@@ -22,10 +22,11 @@ from rlvr.errors import ConfigurationError, SamplingError, UnknownLossError
 
 PAIRS = [(rlvr.ServiceClient, tinker.ServiceClient), (rlvr.TrainingClient, tinker.TrainingClient),
          (rlvr.SamplingClient, tinker.SamplingClient)]
-# rlvr additions the module documents as such: TrainingClient.parameters ("not part of Tinker's API"), and the
-# result / result_async that let a created client stand in for the future SDK >= 0.38 returns from creation.
+# rlvr additions the module documents as such: TrainingClient.parameters ("not part of Tinker's API"), the
+# result / result_async that let a created client stand in for the future SDK >= 0.38 returns from creation, and
+# ServiceClient.distributed_metrics (the loop's client protocol, rl/protocols.py: the Ray service's counters).
 RLVR_ONLY = {"parameters", "result", "result_async", "sample_many", "sample_watched", "compute_topk_logprobs",
-             "compute_topk_logprobs_async"}
+             "compute_topk_logprobs_async", "distributed_metrics"}
 ADAM = types.AdamParams(learning_rate=5e-2)
 
 
