@@ -185,8 +185,8 @@ class ServiceClient:
     get_server_capabilities_async = _async_of(get_server_capabilities)
 
     def distributed_metrics(self) -> dict[str, float]:
-        """Worker restarts and re-sent requests (rlvr's own, not Tinker's: the Ray service's counters, for the loop's client
-        protocol): none in process, so ``{}``."""
+        """Worker restarts and re-sent requests (rlvr's own, not Tinker's: the Ray service's counters, for the loop's
+        client protocol): none in process, so ``{}``."""
         return {}
 
     def close(self) -> None:
