@@ -127,7 +127,7 @@ class Instructed(Five):
 
 def test_a_problem_is_scored_on_the_same_item_in_process_and_in_the_runner(service):
     # ScoredByRunner has the runner execute the scoring that ProblemEnv.step runs in process: one definition
-    # (envs.problem_item), so each sampled answer gets the same reward on both paths.
+    # (envs.problem_item), so each sampled answer gets the same reward on both paths, and by ProblemSource.score.
     from rlvr.rl.envs import ProblemEnv
 
     config = loop_config(problems_per_step=5)
@@ -146,6 +146,8 @@ def test_a_problem_is_scored_on_the_same_item_in_process_and_in_the_runner(servi
         for trajectory, reward in zip(trajectories, rewards_G, strict=True):
             [turn] = trajectory.transitions
             in_process = ProblemEnv(builder.source, builder.problem, tokenizer).step(turn.action).reward
-            assert in_process == reward == len(builder.problem.question) + len(trajectory.logs["response"]) / 1000
+            by_hand = builder.source.score(builder.problem, trajectory.logs["response"])  # ProblemSource.score
+            assert in_process == reward == by_hand == len(builder.problem.question) + len(
+                trajectory.logs["response"]) / 1000
             checked += 1
     assert checked == 15

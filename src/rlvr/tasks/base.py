@@ -215,5 +215,6 @@ class ProblemSource(ABC):
         return self._reward
 
     def score(self, problem: Problem, response: str) -> float:
-        """Score one response in this process (unbounded; batches go through :func:`rlvr.rewards.score_batch`)."""
-        return self.reward()(self.prompt_text(problem), response, problem.reward_meta())
+        """Score one response in this process (unbounded; batches go through :func:`rlvr.rewards.score_batch`), on
+        what the run's reward runner scores it on: the question, the response, the problem's reward meta."""
+        return self.reward()(problem.question, response, problem.reward_meta())
