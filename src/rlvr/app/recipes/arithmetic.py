@@ -6,19 +6,7 @@ The prompt asks for only the number, and the grader credits just that: the whole
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlvr.app.recipes.base import Data, Recipe
-
-if TYPE_CHECKING:
-    from rlvr.tasks.base import ProblemSource
-
-
-def _problems() -> type[ProblemSource]:
-    from rlvr.tasks import ArithmeticSource
-
-    return ArithmeticSource
-
+from rlvr.app.recipes.base import Data, Recipe, task_source
 
 RECIPE = Recipe(
     name="arithmetic",
@@ -31,5 +19,5 @@ RECIPE = Recipe(
         "task": {"levels": [1], "num_train": 120, "num_test": 64, "instruction": "Answer with only the number."},
     },
     data=Data.GENERATED,
-    problems=_problems,
+    problems=task_source("ArithmeticSource"),
 )

@@ -2,7 +2,7 @@
 
     RECIPE = Recipe(name="arithmetic", description="procedural `a + b` / `a - b`, ...", origin="a measured run",
                     presets={"base_model": "smollm2-135m", "steps": 20, ...}, data=Data.GENERATED,
-                    problems=_problems)   # a function that imports and returns the ProblemSource class
+                    problems=task_source("ArithmeticSource"))   # the rlvr.tasks class, imported when asked for
 
 A recipe owns its presets (settings over ``TrainConfig``'s defaults, for the model it names), how its problems are
 made (``problems``: a ``ProblemSource`` class, with ``task`` as its keyword arguments; or ``env``: a function from
@@ -30,7 +30,19 @@ if TYPE_CHECKING:
     from rlvr.app.settings import TrainConfig
     from rlvr.tasks.base import ProblemSource
 
-__all__ = ["Data", "Recipe"]
+__all__ = ["Data", "Recipe", "task_source"]
+
+
+def task_source(name: str) -> Callable[[], type[ProblemSource]]:
+    """``Recipe.problems`` for the ``ProblemSource`` class ``rlvr.tasks.<name>``, imported when a run builds its
+    source, not when the registry loads."""
+    def load() -> type[ProblemSource]:
+        import rlvr.tasks
+
+        source: type[ProblemSource] = getattr(rlvr.tasks, name)
+        return source
+
+    return load
 
 
 class Data(enum.Enum):

@@ -7,19 +7,7 @@ validation split cut from GSM8K train (docs/training.md#gsm8k-and-mbpp-on-2-core
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlvr.app.recipes.base import Data, Recipe
-
-if TYPE_CHECKING:
-    from rlvr.tasks.base import ProblemSource
-
-
-def _problems() -> type[ProblemSource]:
-    from rlvr.tasks import Gsm8kSource
-
-    return Gsm8kSource
-
+from rlvr.app.recipes.base import Data, Recipe, task_source
 
 RECIPE = Recipe(
     name="gsm8k",
@@ -33,7 +21,7 @@ RECIPE = Recipe(
         "warmup": {"steps": 100, "batch_size": 8, "learning_rate": 1e-3},
     },
     data=Data.FILE,
-    problems=_problems,
+    problems=task_source("Gsm8kSource"),
     # 200 tokens cut 61% of a real Qwen2.5-0.5B-Instruct's baseline answers (it reasons step by step at length)
     other_models={"max_tokens": 512},
 )

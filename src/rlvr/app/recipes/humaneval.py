@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlvr.app.recipes.base import Data, Recipe
-
-if TYPE_CHECKING:
-    from rlvr.tasks.base import ProblemSource
-
-
-def _problems() -> type[ProblemSource]:
-    from rlvr.tasks import HumanEvalSource
-
-    return HumanEvalSource
-
+from rlvr.app.recipes.base import Data, Recipe, task_source
 
 RECIPE = Recipe(
     name="humaneval",
@@ -27,6 +15,6 @@ RECIPE = Recipe(
         "task": {"test_fraction": 0.5},
     },
     data=Data.PACKAGE,
-    problems=_problems,
+    problems=task_source("HumanEvalSource"),
     other_models={"max_tokens": 768},
 )

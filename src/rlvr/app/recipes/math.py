@@ -2,19 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlvr.app.recipes.base import Data, Recipe
-
-if TYPE_CHECKING:
-    from rlvr.tasks.base import ProblemSource
-
-
-def _problems() -> type[ProblemSource]:
-    from rlvr.tasks import MathSource
-
-    return MathSource
-
+from rlvr.app.recipes.base import Data, Recipe, task_source
 
 RECIPE = Recipe(
     name="math",
@@ -25,6 +13,6 @@ RECIPE = Recipe(
         "learning_rate": 1e-4, "eval_problems": 64, "task": {"test_fraction": 0.1},
     },
     data=Data.FILE,
-    problems=_problems,
+    problems=task_source("MathSource"),
     other_models={"max_tokens": 1024},
 )

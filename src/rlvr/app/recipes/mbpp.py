@@ -7,19 +7,7 @@ JSONL).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlvr.app.recipes.base import Data, Recipe
-
-if TYPE_CHECKING:
-    from rlvr.tasks.base import ProblemSource
-
-
-def _problems() -> type[ProblemSource]:
-    from rlvr.tasks import MbppSource
-
-    return MbppSource
-
+from rlvr.app.recipes.base import Data, Recipe, task_source
 
 RECIPE = Recipe(
     name="mbpp",
@@ -36,6 +24,6 @@ RECIPE = Recipe(
         "warmup": {"steps": 100, "batch_size": 8, "learning_rate": 1e-3},
     },
     data=Data.FILE,
-    problems=_problems,
+    problems=task_source("MbppSource"),
     other_models={"max_tokens": 768},
 )

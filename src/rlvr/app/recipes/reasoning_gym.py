@@ -9,19 +9,7 @@ the arithmetic recipe's loop settings (docs/training.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlvr.app.recipes.base import Data, Recipe
-
-if TYPE_CHECKING:
-    from rlvr.tasks.base import ProblemSource
-
-
-def _problems() -> type[ProblemSource]:
-    from rlvr.tasks import ReasoningGymSource
-
-    return ReasoningGymSource
-
+from rlvr.app.recipes.base import Data, Recipe, task_source
 
 RECIPE = Recipe(
     name="reasoning-gym",
@@ -37,5 +25,5 @@ RECIPE = Recipe(
                  "instruction": "Answer with only the number."},
     },
     data=Data.GENERATED,
-    problems=_problems,
+    problems=task_source("ReasoningGymSource"),
 )

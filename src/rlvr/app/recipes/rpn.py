@@ -7,19 +7,7 @@ steps seen in training, so held-out accuracy measures composition, not recall.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rlvr.app.recipes.base import Data, Recipe
-
-if TYPE_CHECKING:
-    from rlvr.tasks.base import ProblemSource
-
-
-def _problems() -> type[ProblemSource]:
-    from rlvr.tasks import RpnSource
-
-    return RpnSource
-
+from rlvr.app.recipes.base import Data, Recipe, task_source
 
 RECIPE = Recipe(
     name="rpn",
@@ -38,5 +26,5 @@ RECIPE = Recipe(
         "warmup": {"steps": 600, "batch_size": 32, "learning_rate": 3e-3},
     },
     data=Data.GENERATED,
-    problems=_problems,
+    problems=task_source("RpnSource"),
 )
