@@ -78,7 +78,8 @@ class LoopRun:
     """Counts the failures of the rollout pages, curves and tracker backends."""
     rollout_log: RolloutLog | None
     record: RunRecord
-    """The run folder's config, checkpoints and summary: every checkpoint is saved through it."""
+    """The run folder's config, checkpoints (each with the run's resolved numerics) and summary: every checkpoint is
+    saved through it."""
     rng: random.Random
     """The loop's RNG (sampling seeds), saved with each checkpoint."""
     start_step: int
@@ -92,8 +93,6 @@ class LoopRun:
     stop: StopRequest = field(default_factory=StopRequest)
     """Asked for by a signal: the loop checkpoints where the step in flight ends and raises RunInterrupted."""
     show_evaluation: ShowEvaluation | None = None
-    numerics: Numerics | None = None
-    """The numerics policy the run computes by, resolved (``rlvr.numerics``): in config.yaml and each checkpoint."""
 
 
 @dataclass
@@ -178,7 +177,7 @@ def open_run(config: LoopConfig, source: ProblemSource | RLDataset, progress: Pr
         yield LoopRun(config, run_dir, service, training_client, rollouts, tracker, auxiliary,
                       rollout_log, record, rng, start_step,
                       types.AdamParams(learning_rate=config.learning_rate), reference, rollouts.probe(), progress,
-                      stop, show_evaluation, numerics)
+                      stop, show_evaluation)
 
 
 def _close_on_error(close: Callable[[], None]) -> Callable[..., bool]:
